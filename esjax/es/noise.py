@@ -1,0 +1,293 @@
+"""Counter-based ES noise: a pure function of (seed, leaf id, version, pair), never stored.
+
+A population member is ``(version, index)``. With antithetic sampling, members ``2j`` and ``2j+1`` share
+one noise draw ``eps`` with signs ``+1`` and ``-1``. Every draw goes through threefry ``fold_in`` on a key
+derived from the global seed and the *path* of the parameter leaf (not its position in a dict), so any
+process on any device count regenerates bit-identical noise: with ``jax_threefry_partitionable`` (the
+default) the bits depend on (key, element index) only, not on how the leaf is sharded.
+
+Two modes:
+
+* ``full``: ``eps`` has the leaf's shape, i.i.d. standard normal.
+* ``lowrank``: for a kernel whose last two axes are ``(m, n)`` (``[in, out]`` in Flax's convention),
+  ``eps = A @ B.T / sqrt(r)`` with ``A ~ N(0, 1)^{m x r}``, ``B ~ N(0, 1)^{n x r}``. Leading axes (e.g. the
+  layer axis of a scanned, layer-stacked ``[L, m, n]`` kernel) get independent factors per index. Leaves
+  with fewer than two axes fall back to full noise. ``x @ (W + sigma * eps)`` is then computed as
+  ``x @ W + sigma * ((x @ A) @ B.T) / sqrt(r)`` so one base matmul serves the whole population.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+
+PyTree = Any
+NoiseMode = Literal["full", "lowrank"]
+
+_PRNG_IMPL = "threefry2x32"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Parameter paths and leaf ids
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _key_name(entry: Any) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(entry, attr):
+            return str(getattr(entry, attr))
+    return str(entry)
+
+
+def path_str(key_path: Sequence[Any]) -> str:
+    """``('layers', 'attn', 'q', 'kernel')``-style key path as ``'layers/attn/q/kernel'``."""
+    return "/".join(_key_name(entry) for entry in key_path)
+
+
+def leaf_id(path: str) -> int:
+    """Stable 31-bit id of a parameter path: the same in every process, run and sharding."""
+    digest = hashlib.blake2b(path.encode("utf-8"), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+def leaf_paths(params: PyTree) -> list[str]:
+    """Paths of all leaves of ``params`` in flatten order."""
+    return [path_str(kp) for kp, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Scope: which leaves are perturbed
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Scope:
+    """Which parameter leaves receive noise.
+
+    ``kind='matrices'`` perturbs leaves with at least two axes (kernels, embeddings, layer-stacked kernels);
+    ``kind='all'`` perturbs every floating-point leaf. ``include`` / ``exclude`` are regular expressions
+    searched in the leaf path (``re.search``); a leaf must match some ``include`` pattern (when given) and no
+    ``exclude`` pattern.
+    """
+
+    kind: Literal["matrices", "all"] = "matrices"
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("matrices", "all"):
+            raise ValueError(f"Scope.kind must be 'matrices' or 'all', got {self.kind!r}")
+        for pattern in (*self.include, *self.exclude):
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ValueError(f"Scope pattern {pattern!r} is not a valid regular expression: {err}") from err
+
+    def contains(self, path: str, leaf: Any) -> bool:
+        shape = getattr(leaf, "shape", ())
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+            return False
+        if self.kind == "matrices" and len(shape) < 2:
+            return False
+        if self.include and not any(re.search(p, path) for p in self.include):
+            return False
+        return not any(re.search(p, path) for p in self.exclude)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The noise specification
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseSpec:
+    """Everything that determines the noise of every member. Hashable, so it can be a static jit arg.
+
+    Attributes:
+      seed: global seed of the run.
+      mode: ``'full'`` or ``'lowrank'``.
+      rank: rank ``r`` of low-rank perturbations (ignored in full mode).
+      antithetic: members ``2j``/``2j+1`` share noise with signs ``+``/``-`` (else every member is its own
+        pair with sign ``+``).
+      scope: which leaves are perturbed.
+    """
+
+    seed: int = 0
+    mode: NoiseMode = "lowrank"
+    rank: int = 1
+    antithetic: bool = True
+    scope: Scope = Scope()
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("full", "lowrank"):
+            raise ValueError(f"NoiseSpec.mode must be 'full' or 'lowrank', got {self.mode!r}")
+        if self.rank < 1:
+            raise ValueError(f"NoiseSpec.rank must be >= 1, got {self.rank}")
+
+    # -- member identity --------------------------------------------------------------------------------
+    def pair_and_sign(self, index: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Noise pair and sign of member ``index`` (traced or concrete)."""
+        index = jnp.asarray(index, jnp.int32)
+        if not self.antithetic:
+            return index, jnp.ones((), jnp.float32) * jnp.ones_like(index, jnp.float32)
+        return index // 2, jnp.where(index % 2 == 0, 1.0, -1.0).astype(jnp.float32)
+
+    def is_lowrank_leaf(self, shape: Sequence[int]) -> bool:
+        return self.mode == "lowrank" and len(shape) >= 2
+
+    # -- keys ------------------------------------------------------------------------------------------
+    def leaf_key(self, path: str) -> jax.Array:
+        base = jax.random.key(self.seed, impl=_PRNG_IMPL)
+        return jax.random.fold_in(base, leaf_id(path))
+
+    def draw_key(self, path: str, version: jax.Array, pair: jax.Array) -> jax.Array:
+        """Key of the noise draw shared by both members of ``pair`` at ``version`` for leaf ``path``."""
+        key = jax.random.fold_in(self.leaf_key(path), jnp.asarray(version, jnp.uint32))
+        return jax.random.fold_in(key, jnp.asarray(pair, jnp.uint32))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Drawing noise for one leaf
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _lowrank_factor_shapes(shape: Sequence[int], rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    *lead, m, n = shape
+    return (*lead, m, rank), (*lead, n, rank)
+
+
+def pair_noise(spec: NoiseSpec, path: str, shape: Sequence[int], version, pair, dtype=jnp.float32):
+    """Unsigned noise of one (version, pair) for one leaf.
+
+    Full mode (or a leaf with < 2 axes): an array of ``shape``. Low-rank mode: the factors ``(A, B)`` with
+    shapes ``(*lead, m, r)`` and ``(*lead, n, r)``.
+    """
+    key = spec.draw_key(path, version, pair)
+    if spec.is_lowrank_leaf(shape):
+        a_shape, b_shape = _lowrank_factor_shapes(shape, spec.rank)
+        key_a, key_b = jax.random.split(key)
+        return (jax.random.normal(key_a, a_shape, dtype), jax.random.normal(key_b, b_shape, dtype))
+    return jax.random.normal(key, tuple(shape), dtype)
+
+
+def lowrank_product(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``A @ B.T / sqrt(r)`` over the last two axes (leading axes broadcast)."""
+    rank = a.shape[-1]
+    return jnp.einsum("...mr,...nr->...mn", a, b) / math.sqrt(rank)
+
+
+def member_noise(spec: NoiseSpec, path: str, shape: Sequence[int], version, index, dtype=jnp.float32):
+    """Signed, dense noise ``s_i * eps_i`` of member ``(version, index)`` for one leaf (leaf shape)."""
+    pair, sign = spec.pair_and_sign(index)
+    draw = pair_noise(spec, path, shape, version, pair, jnp.float32)
+    eps = lowrank_product(*draw) if spec.is_lowrank_leaf(shape) else draw
+    return (sign * eps).astype(dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Whole-tree helpers
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _map_scoped(spec: NoiseSpec, params: PyTree, fn: Callable[[str, Any], Any], default: Callable[[Any], Any]):
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+    out = []
+    for key_path, leaf in flat:
+        path = path_str(key_path)
+        out.append(fn(path, leaf) if spec.scope.contains(path, leaf) else default(leaf))
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def perturbed_params(spec: NoiseSpec, params: PyTree, version, index, sigma) -> PyTree:
+    """Materialize ``theta + sigma * s_i * eps_i`` for one member (used by full mode and as a reference)."""
+
+    def perturb(path: str, leaf: jax.Array) -> jax.Array:
+        eps = member_noise(spec, path, leaf.shape, version, index, jnp.float32)
+        return (leaf.astype(jnp.float32) + sigma * eps).astype(leaf.dtype)
+
+    return _map_scoped(spec, params, perturb, lambda leaf: leaf)
+
+
+def lowrank_factors(spec: NoiseSpec, path: str, shape: Sequence[int], versions, indices, active=None,
+                    dtype=jnp.float32) -> tuple[jax.Array, jax.Array]:
+    """Low-rank factors for a batch of members of one leaf whose last two axes are ``(m, n)``.
+
+    Returns ``A`` of shape ``(batch, *lead, m, r)`` carrying each member's sign (and zero where
+    ``active`` is False, i.e. an unperturbed row) and ``B`` of shape ``(batch, *lead, n, r)``.
+    """
+    if len(shape) < 2:
+        raise ValueError(f"low-rank factors need a leaf with >= 2 axes; {path!r} has shape {tuple(shape)}")
+    versions = jnp.asarray(versions, jnp.int32)
+    indices = jnp.asarray(indices, jnp.int32)
+    lowrank_spec = dataclasses.replace(spec, mode="lowrank")
+
+    def one(version, index):
+        pair, sign = lowrank_spec.pair_and_sign(index)
+        a, b = pair_noise(lowrank_spec, path, shape, version, pair, jnp.float32)
+        return sign * a, b
+
+    a, b = jax.vmap(one)(versions, indices)
+    if active is not None:
+        mask = jnp.asarray(active, jnp.float32).reshape((-1,) + (1,) * (a.ndim - 1))
+        a = a * mask
+    return a.astype(dtype), b.astype(dtype)
+
+
+def lowrank_factor_tree(spec: NoiseSpec, params: PyTree, versions, indices, active=None, dtype=jnp.float32):
+    """Per-leaf ``(A, B)`` factors (or ``None`` for unperturbed leaves) for a batch of members.
+
+    Leaves in scope with < 2 axes get ``None`` here too: low-rank population forwards perturb matrices
+    only; full-mode runs perturb every in-scope leaf through :func:`perturbed_params`.
+    """
+
+    def factors(path: str, leaf: jax.Array):
+        if len(leaf.shape) < 2:
+            return None
+        return lowrank_factors(spec, path, leaf.shape, versions, indices, active, dtype)
+
+    return _map_scoped(spec, params, factors, lambda leaf: None)
+
+
+def lowrank_matmul(x: jax.Array, kernel: jax.Array, a: jax.Array | None, b: jax.Array | None,
+                   sigma) -> jax.Array:
+    """Per-row perturbed matmul ``x @ (W + sigma * A_i B_i^T / sqrt(r))`` without forming ``A_i B_i^T``.
+
+    Args:
+      x: ``[batch, ..., m]`` activations; row ``i`` belongs to member ``i`` of the factors.
+      kernel: ``[m, n]`` shared base kernel.
+      a: ``[batch, m, r]`` signed factors (zero rows are unperturbed), or None for the plain matmul.
+      b: ``[batch, n, r]`` factors.
+      sigma: noise scale.
+    """
+    base = x @ kernel
+    if a is None:
+        return base
+    rank = a.shape[-1]
+    xa = jnp.einsum("b...m,bmr->b...r", x.astype(a.dtype), a)
+    delta = jnp.einsum("b...r,bnr->b...n", xa, b) * (sigma / math.sqrt(rank))
+    return base + delta.astype(base.dtype)
+
+
+def lowrank_embed(tokens: jax.Array, table: jax.Array, a: jax.Array | None, b: jax.Array | None,
+                  sigma) -> jax.Array:
+    """Per-row perturbed embedding lookup: row ``v`` of ``E + sigma * A B^T / sqrt(r)`` via a gather of ``A``.
+
+    ``tokens``: ``[batch, ...]`` ids; ``table``: ``[vocab, d]``; ``a``: ``[batch, vocab, r]``;
+    ``b``: ``[batch, d, r]``.
+    """
+    base = jnp.take(table, tokens, axis=0)
+    if a is None:
+        return base
+    rank = a.shape[-1]
+    flat = tokens.reshape(tokens.shape[0], -1)
+    rows = jnp.take_along_axis(a, flat[..., None], axis=1)  # [batch, T, r]
+    delta = jnp.einsum("btr,bdr->btd", rows, b) * (sigma / math.sqrt(rank))
+    return base + delta.reshape(base.shape).astype(base.dtype)
