@@ -1,0 +1,76 @@
+"""Orbax checkpoints of a run: ES state (θ, optimizer state, version) plus the loop's JSON state.
+
+Orbax writes each step into a temporary folder and renames it when complete, so a crash (even SIGKILL)
+during a save leaves the previous checkpoint loadable. Restoring walks back from the newest step and, if a
+step cannot be read, warns and falls back to the one before it.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
+
+PyTree = Any
+
+
+class CheckpointError(RuntimeError):
+    """No checkpoint in a run directory could be restored."""
+
+
+def _abstract(tree: PyTree) -> PyTree:
+    """Shape/dtype/sharding skeleton used as the restore target (restores straight into the shardings)."""
+
+    def leaf(x):
+        if isinstance(x, jax.Array):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+        return x
+
+    return jax.tree.map(leaf, tree)
+
+
+class Checkpointer:
+    """Saves and restores ``(es_state, loop_state)`` under ``<run_dir>/checkpoints/<step>``."""
+
+    def __init__(self, run_dir: str | Path, max_to_keep: int = 3):
+        self.directory = Path(run_dir).absolute() / "checkpoints"
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                               enable_async_checkpointing=False)
+        self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def save(self, step: int, es_state: PyTree, loop_state: dict[str, Any]) -> None:
+        """Write one checkpoint (blocking: the loop state must be on disk before work continues)."""
+        args = ocp.args.Composite(es=ocp.args.StandardSave(es_state), loop=ocp.args.JsonSave(loop_state))
+        self.manager.save(step, args=args, force=True)
+        self.manager.wait_until_finished()
+
+    def steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def restore_latest(self, es_state_like: PyTree) -> tuple[int, PyTree, dict[str, Any]]:
+        """Restore the newest readable checkpoint into the structure and shardings of ``es_state_like``."""
+        target = _abstract(es_state_like)
+        steps = self.steps()
+        if not steps:
+            raise CheckpointError(f"{self.directory}: no checkpoints to resume from")
+        for step in reversed(steps):
+            try:
+                restored = self.manager.restore(step, args=ocp.args.Composite(
+                    es=ocp.args.StandardRestore(target), loop=ocp.args.JsonRestore()))
+                return step, restored["es"], dict(restored["loop"])
+            except Exception as err:  # noqa: BLE001 - any unreadable step falls back to an older one
+                message = (f"checkpoint {self.directory / str(step)} could not be restored "
+                           f"({err.__class__.__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}); "
+                           "falling back to the previous checkpoint")
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
+                log.warning(message)
+        raise CheckpointError(f"{self.directory}: none of the checkpoints {steps} could be restored")
+
+    def close(self) -> None:
+        self.manager.close()

@@ -1,0 +1,90 @@
+"""Run records: one JSON line per update or evaluation in ``metrics.jsonl``, optionally TensorBoard too.
+
+Records are flushed and fsynced as they are written, so the history of accepted work survives a crash
+up to the last record; on resume, records past the restored version are dropped (:func:`truncate_after`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+class MetricsWriter:
+    """Appends records to ``<run_dir>/metrics.jsonl`` (and TensorBoard scalars when enabled)."""
+
+    def __init__(self, run_dir: str | Path, tensorboard: bool = False):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+        self._tb = None
+        if tensorboard:
+            try:
+                from tensorboardX import SummaryWriter  # optional extra: pip install 'esjax[tb]'
+            except ImportError as err:
+                raise RuntimeError("run.tensorboard: needs the optional tensorboardX package "
+                                   "(pip install 'esjax[tb]')") from err
+            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+
+    def write(self, record: dict[str, Any]) -> None:
+        record = _jsonable(record)
+        self._file.write(json.dumps(record, sort_keys=True) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        if self._tb is not None:
+            step = int(record.get("version", 0))
+            prefix = record.get("kind", "train")
+            for key, value in record.items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    self._tb.add_scalar(f"{prefix}/{key}", value, step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All complete records of a ``metrics.jsonl`` (a torn last line from a crash is ignored)."""
+    return list(_iter_records(Path(path)))
+
+
+def _iter_records(path: Path) -> Iterator[dict[str, Any]]:
+    if not path.exists():
+        return
+    with path.open(encoding="utf-8") as file:
+        for line in file:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
+
+
+def truncate_after(path: str | Path, version: int) -> None:
+    """Keep only records up to ``version`` (used when resuming from a checkpoint at that version)."""
+    path = Path(path)
+    kept: Iterable[dict[str, Any]] = [r for r in _iter_records(path) if int(r.get("version", 0)) <= version]
+    tmp = path.with_suffix(".jsonl.tmp")
+    with tmp.open("w", encoding="utf-8") as file:
+        for record in kept:
+            file.write(json.dumps(record, sort_keys=True) + "\n")
+    os.replace(tmp, path)
