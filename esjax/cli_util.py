@@ -1,0 +1,30 @@
+"""Shared CLI plumbing: user errors become one line on stderr and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from esjax.checkpoint import CheckpointError
+from esjax.config import ConfigError
+
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, CheckpointError, FileNotFoundError,
+                                                 NotADirectoryError, PermissionError)
+
+
+class UserError(RuntimeError):
+    """A problem with the user's input or environment, reported in one line."""
+
+
+def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> None:
+    """Call ``main`` and turn user errors into ``error: <message>`` with exit code 2."""
+    try:
+        code = main(argv)
+    except (UserError, *USER_ERRORS) as err:
+        message = str(err).splitlines()[0] if str(err) else err.__class__.__name__
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code or 0)
