@@ -1,0 +1,344 @@
+"""The bounded-staleness coordinator: versions, dispatch, acceptance, cohorts and their bookkeeping.
+
+It owns the version t of θ (updates applied so far) and is the only place where the exact semantics live:
+
+* **dispatch**: a job is member ``(v, i)`` with the task batch and sampling seed of version ``v``;
+  ``i`` counts members dispatched at ``v``. The :class:`~esjax.loop.schedules.Schedule` says at which
+  versions to dispatch (normally t; older live versions for controlled staleness).
+* **acceptance**: a finished result first goes to a *held* buffer; the schedule triages held results
+  (accept now / hold back / discard). An accepted result with lag = t − v > K is discarded anyway, as is a
+  non-finite fitness; discards are counted by reason together with their wasted rollout time.
+* **cohorts**: as soon as exactly N results are accepted, ``apply_update(cohort)`` applies one update to
+  the current θ_t with each member's own ``(v, i)`` noise, and t ← t + 1. Held results are triaged again
+  after every update (their lag just grew).
+
+It never looks at a clock or a thread: given the same sequence of ``next_jobs`` / ``report`` calls it
+makes the same decisions, and its whole state is a plain dataclass (:meth:`state_dict`) so a checkpoint
+keeps accepted-but-not-applied fitness, held results and every counter.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from esjax.loop.tasks import TaskSampler
+from esjax.loop.types import Cohort, Job, Member, Result, TaskBatch, UpdateFn, UpdateRecord, Verdict
+
+DISCARD_REASONS = ("too_stale", "schedule", "nonfinite")
+
+
+@dataclasses.dataclass(frozen=True)
+class CoordinatorConfig:
+    """N, K and how task batches are drawn.
+
+    Attributes:
+      population: N, accepted members per update.
+      max_lag: K, accept a fitness measured at version v iff t − v ≤ K.
+      seed: seed of task batches (and of any schedule randomness).
+      train_size: size of the train split goals are drawn from.
+      tasks_per_member: goals in each version's task batch.
+    """
+
+    population: int
+    max_lag: int = 1
+    seed: int = 0
+    train_size: int = 1000
+    tasks_per_member: int = 4
+
+    def __post_init__(self) -> None:
+        if self.population < 1:
+            raise ValueError(f"CoordinatorConfig.population must be >= 1, got {self.population}")
+        if self.max_lag < 0:
+            raise ValueError(f"CoordinatorConfig.max_lag must be >= 0, got {self.max_lag}")
+
+    @property
+    def tasks(self) -> TaskSampler:
+        return TaskSampler(self.seed, self.train_size, self.tasks_per_member)
+
+
+@dataclasses.dataclass
+class Finished:
+    """A result the coordinator holds: in the held buffer (not yet triaged) or in the open cohort."""
+
+    job_id: int
+    version: int
+    index: int
+    fitness: float
+    duration: float
+
+
+@dataclasses.dataclass
+class CoordinatorState:
+    """Everything a resume needs. Plain ints, floats, lists and dicts only (see :meth:`to_dict`)."""
+
+    version: int = 0
+    next_job_id: int = 0
+    dispatched_at: dict[int, int] = dataclasses.field(default_factory=dict)  # version -> members dispatched
+    in_flight: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)  # job id -> (v, i)
+    held: list[Finished] = dataclasses.field(default_factory=list)  # finished, awaiting triage (FIFO)
+    cohort: list[Finished] = dataclasses.field(default_factory=list)  # accepted, not yet applied
+    dispatched: int = 0
+    completed: int = 0
+    accepted: int = 0
+    discarded: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(DISCARD_REASONS, 0))
+    wasted_time: float = 0.0  # rollout time of discarded results
+    accepted_time: float = 0.0  # rollout time of accepted results
+    lag_hist: list[int] = dataclasses.field(default_factory=list)  # accepted lags 0..K
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: int dict keys become strings, records become lists."""
+        out = dataclasses.asdict(self)
+        out["dispatched_at"] = {str(k): v for k, v in self.dispatched_at.items()}
+        out["in_flight"] = {str(k): list(v) for k, v in self.in_flight.items()}
+        out["held"] = [dataclasses.astuple(r) for r in self.held]
+        out["cohort"] = [dataclasses.astuple(r) for r in self.cohort]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CoordinatorState:
+        return cls(
+            version=int(data["version"]),
+            next_job_id=int(data["next_job_id"]),
+            dispatched_at={int(k): int(v) for k, v in data["dispatched_at"].items()},
+            in_flight={int(k): (int(v[0]), int(v[1])) for k, v in data["in_flight"].items()},
+            held=[_finished(r) for r in data["held"]],
+            cohort=[_finished(r) for r in data["cohort"]],
+            dispatched=int(data["dispatched"]),
+            completed=int(data["completed"]),
+            accepted=int(data["accepted"]),
+            discarded={str(k): int(v) for k, v in data["discarded"].items()},
+            wasted_time=float(data["wasted_time"]),
+            accepted_time=float(data["accepted_time"]),
+            lag_hist=[int(x) for x in data["lag_hist"]],
+        )
+
+
+def _finished(row: Any) -> Finished:
+    job_id, version, index, fitness, duration = row
+    return Finished(int(job_id), int(version), int(index), float(fitness), float(duration))
+
+
+class Coordinator:
+    """Bounded-staleness ES bookkeeping, driven by ``next_jobs`` (dispatch) and ``report`` (results).
+
+    Args:
+      config: N, K, task-batch settings.
+      schedule: a :class:`~esjax.loop.schedules.Schedule` (where to dispatch, which results to release).
+      apply_update: called with each complete :class:`Cohort`; ``None`` records cohorts without an update
+        (timing studies).
+      state: a restored :class:`CoordinatorState` (resume), else a fresh one.
+    """
+
+    def __init__(self, config: CoordinatorConfig, schedule: Any, apply_update: UpdateFn | None = None,
+                 state: CoordinatorState | None = None) -> None:
+        schedule.validate(config)
+        self.config = config
+        self.schedule = schedule
+        self.apply_update = apply_update
+        self.state = state if state is not None else CoordinatorState(lag_hist=[0] * (config.max_lag + 1))
+        if len(self.state.lag_hist) != config.max_lag + 1:
+            raise ValueError(f"state has a lag histogram for K={len(self.state.lag_hist) - 1}, "
+                             f"config has max_lag={config.max_lag}")
+        self._tasks = config.tasks
+        self._task_cache: dict[int, TaskBatch] = {}
+        self._inflight_by_version = collections.Counter(v for v, _ in self.state.in_flight.values())
+        self._held_by_version = collections.Counter(r.version for r in self.state.held)
+
+    # ---------------------------------------------------------------------------------------------------
+    # Read-only views (what schedules and drivers look at)
+    # ---------------------------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self.state.version
+
+    @property
+    def population(self) -> int:
+        return self.config.population
+
+    @property
+    def max_lag(self) -> int:
+        return self.config.max_lag
+
+    def inflight_at(self, version: int) -> int:
+        return self._inflight_by_version[version]
+
+    def held_at(self, version: int) -> int:
+        return self._held_by_version[version]
+
+    def dispatched_at(self, version: int) -> int:
+        return self.state.dispatched_at.get(version, 0)
+
+    def cohort_size(self) -> int:
+        return len(self.state.cohort)
+
+    def cohort_count(self, lag: int) -> int:
+        """Accepted members of the open cohort with this lag."""
+        t = self.state.version
+        return sum(1 for r in self.state.cohort if t - r.version == lag)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.state.in_flight)
+
+    def live_versions(self) -> list[int]:
+        """Versions whose θ a rollout driver must keep: the current one and those of in-flight jobs."""
+        return sorted({self.state.version, *self._inflight_by_version.keys()})
+
+    def task_batch(self, version: int) -> TaskBatch:
+        batch = self._task_cache.get(version)
+        if batch is None:
+            if len(self._task_cache) > 4 * (self.config.max_lag + 2):
+                self._task_cache.clear()
+            batch = self._task_cache[version] = self._tasks(version)
+        return batch
+
+    # ---------------------------------------------------------------------------------------------------
+    # Dispatch
+    # ---------------------------------------------------------------------------------------------------
+    def next_jobs(self, free_slots: int) -> list[Job]:
+        """Jobs to start now in ``free_slots`` free rollout slots (possibly fewer, e.g. at a barrier)."""
+        if free_slots <= 0:
+            return []
+        versions = self.schedule.dispatch_versions(self, free_slots)
+        if len(versions) > free_slots:
+            raise RuntimeError(f"schedule {self.schedule!r} asked for {len(versions)} jobs in {free_slots} slots")
+        return [self.dispatch(v) for v in versions]
+
+    def dispatch(self, version: int) -> Job:
+        """Start member ``(version, next index)``. ``version`` must be live: t − K ≤ version ≤ t."""
+        state = self.state
+        if not state.version - self.config.max_lag <= version <= state.version:
+            raise ValueError(f"cannot dispatch at version {version}: t={state.version}, K={self.config.max_lag} "
+                             f"(only t-K..t can still be accepted)")
+        index = state.dispatched_at.get(version, 0)
+        state.dispatched_at[version] = index + 1
+        job = Job(state.next_job_id, Member(version, index), self.task_batch(version))
+        state.next_job_id += 1
+        state.in_flight[job.job_id] = (version, index)
+        state.dispatched += 1
+        self._inflight_by_version[version] += 1
+        return job
+
+    # ---------------------------------------------------------------------------------------------------
+    # Results
+    # ---------------------------------------------------------------------------------------------------
+    def report(self, result: Result) -> list[UpdateRecord]:
+        """Take a finished job's fitness; returns the updates this triggered (usually none, sometimes several)."""
+        state = self.state
+        member = state.in_flight.get(result.job_id)
+        if member is None:
+            raise ValueError(f"result for job {result.job_id}, which is not in flight (unknown or reported twice)")
+        if member != (result.member.version, result.member.index):
+            raise ValueError(f"result for job {result.job_id} names member {result.member}, "
+                             f"but that job runs member {member}")
+        del state.in_flight[result.job_id]
+        self._decrement(self._inflight_by_version, member[0])
+        state.completed += 1
+        finished = Finished(result.job_id, member[0], member[1], float(result.fitness), float(result.duration))
+        if not math.isfinite(finished.fitness):
+            self._discard(finished, "nonfinite")
+            return []
+        state.held.append(finished)
+        self._held_by_version[finished.version] += 1
+        return self._triage(len(state.held) - 1)
+
+    def _triage(self, start: int) -> list[UpdateRecord]:
+        """Triage held results from position ``start`` in arrival order; after an update, all of them.
+
+        Contract with schedules: a verdict may change only when t changes, so a new result is triaged
+        on arrival and every held result again after every update (each lag just grew by one).
+        """
+        records: list[UpdateRecord] = []
+        state = self.state
+        pos = start
+        while pos < len(state.held):
+            finished = state.held[pos]
+            lag = state.version - finished.version
+            verdict = Verdict.DISCARD if lag > self.config.max_lag else self.schedule.triage(self, finished)
+            if verdict is Verdict.HOLD:
+                pos += 1
+                continue
+            del state.held[pos]
+            self._decrement(self._held_by_version, finished.version)
+            if verdict is Verdict.DISCARD:
+                self._discard(finished, "too_stale" if lag > self.config.max_lag else "schedule")
+                continue
+            if verdict is not Verdict.ACCEPT:
+                raise TypeError(f"schedule {self.schedule!r} returned {verdict!r}, not a Verdict")
+            self._accept(finished, lag)
+            if len(state.cohort) == self.config.population:
+                records.append(self._apply())
+                pos = 0
+        return records
+
+    def _accept(self, finished: Finished, lag: int) -> None:
+        state = self.state
+        state.cohort.append(finished)
+        state.accepted += 1
+        state.accepted_time += finished.duration
+        state.lag_hist[lag] += 1
+
+    def _discard(self, finished: Finished, reason: str) -> None:
+        self.state.discarded[reason] += 1
+        self.state.wasted_time += finished.duration
+
+    def _apply(self) -> UpdateRecord:
+        state = self.state
+        rows = state.cohort
+        cohort = Cohort(
+            version=state.version,
+            versions=np.array([r.version for r in rows], np.int64),
+            indices=np.array([r.index for r in rows], np.int64),
+            fitness=np.array([r.fitness for r in rows], np.float64),
+            durations=np.array([r.duration for r in rows], np.float64),
+        )
+        metrics = self.apply_update(cohort) if self.apply_update is not None else None
+        state.cohort = []
+        state.version += 1
+        floor = state.version - self.config.max_lag
+        for v in [v for v in state.dispatched_at if v < floor]:
+            del state.dispatched_at[v]
+        return UpdateRecord(cohort, dict(metrics or {}), self.totals())
+
+    @staticmethod
+    def _decrement(counter: collections.Counter, key: int) -> None:
+        counter[key] -= 1
+        if counter[key] <= 0:
+            del counter[key]
+
+    # ---------------------------------------------------------------------------------------------------
+    # Bookkeeping and persistence
+    # ---------------------------------------------------------------------------------------------------
+    def totals(self) -> dict[str, Any]:
+        """Running totals: dispatched / accepted / discarded (by reason), lag histogram, stale fraction."""
+        s = self.state
+        discarded = sum(s.discarded.values())
+        return {
+            "version": s.version,
+            "dispatched": s.dispatched,
+            "completed": s.completed,
+            "accepted": s.accepted,
+            "discarded": discarded,
+            "discarded_by": dict(s.discarded),
+            "in_flight": len(s.in_flight),
+            "held": len(s.held),
+            "wasted_time": s.wasted_time,
+            "accepted_time": s.accepted_time,
+            "lag_hist": list(s.lag_hist),
+            "stale_fraction": 1.0 - s.lag_hist[0] / s.accepted if s.accepted else 0.0,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The JSON-ready state (issue 6 checkpoints this next to θ and the optimizer state)."""
+        return self.state.to_dict()
+
+    @classmethod
+    def from_state_dict(cls, config: CoordinatorConfig, schedule: Any, data: Mapping[str, Any],
+                        apply_update: UpdateFn | None = None) -> Coordinator:
+        return cls(config, schedule, apply_update, CoordinatorState.from_dict(data))
