@@ -1,0 +1,140 @@
+"""Per-row ES members for the batched forward: which member each batch row evaluates, and its noise.
+
+A :class:`Perturbation` says, for every batch row, which population member ``(version, index)`` it runs
+(or ``active=False``: the plain model). Rows come in contiguous groups of ``group_size`` rows that share
+one member (e.g. one member × several episodes); noise is generated once per group, inside the jitted
+forward, from the counter-based keys of ``esjax.es.noise`` — never stored between calls.
+
+:func:`prepare` turns it into what the decoder consumes:
+
+* low-rank mode: per group and per leaf, the signed factors ``(A, B)`` for kernels and the embedding
+  (``lowrank_factors``: one shared base matmul for all rows), and small dense deltas ``sigma * s * eps`` for
+  any other in-scope leaf (norm scales, biases), so the forward equals ``perturbed_params`` for any scope;
+* full mode: one materialized perturbed copy of the parameters per group (``perturbed_params``), the forward
+  is vmapped over groups. Memory is ``groups × params``: meant for small models and as the reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from esjax.es.noise import NoiseSpec, lowrank_factors, member_noise, path_str, perturbed_params
+from esjax.model.params import is_matrix_path
+
+
+class LowRank(NamedTuple):
+    """Signed factors of one leaf per group: ``a [G, *lead, m, r]`` (zero: inactive), ``b [G, *lead, n, r]``."""
+
+    a: jax.Array
+    b: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Perturbation:
+    """Which member each batch row evaluates. ``spec`` and ``group_size`` are static (part of the jit key).
+
+    Attributes:
+      spec: the run's noise specification.
+      sigma: noise scale (a traced scalar: changing it does not recompile).
+      versions, indices: ``[rows]`` int32 member ids.
+      active: ``[rows]`` bool; False rows run the unperturbed model.
+      group_size: rows ``[k*g, (k+1)*g)`` share one member (only row ``k*g``'s id is read).
+    """
+
+    spec: NoiseSpec = dataclasses.field(metadata=dict(static=True))
+    sigma: jax.Array
+    versions: jax.Array
+    indices: jax.Array
+    active: jax.Array
+    group_size: int = dataclasses.field(default=1, metadata=dict(static=True))
+
+    @classmethod
+    def create(cls, spec: NoiseSpec, sigma: float, versions: Any, indices: Any, active: Any = None,
+               group_size: int = 1) -> Perturbation:
+        versions = np.asarray(versions, np.int32).reshape(-1)
+        indices = np.asarray(indices, np.int32).reshape(-1)
+        if versions.shape != indices.shape:
+            raise ValueError(f"Perturbation: versions {versions.shape} and indices {indices.shape} differ in length")
+        active = np.ones(versions.shape, bool) if active is None else np.asarray(active, bool).reshape(-1)
+        if active.shape != versions.shape:
+            raise ValueError(f"Perturbation: active has {active.shape[0]} rows, versions {versions.shape[0]}")
+        if group_size < 1 or versions.shape[0] % group_size:
+            raise ValueError(f"Perturbation: {versions.shape[0]} rows are not a multiple of group_size={group_size}")
+        return cls(spec, jnp.asarray(sigma, jnp.float32), jnp.asarray(versions), jnp.asarray(indices),
+                   jnp.asarray(active), group_size)
+
+    @property
+    def rows(self) -> int:
+        return int(self.versions.shape[0])
+
+    @property
+    def groups(self) -> int:
+        return self.rows // self.group_size
+
+    def group_members(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(versions, indices, active) of each group, ``[groups]``."""
+        g = self.group_size
+        return self.versions[::g], self.indices[::g], self.active[::g]
+
+    def repeat_rows(self, k: int) -> Perturbation:
+        """Each row repeated ``k`` times in place (row i → rows i*k..i*k+k-1); groups grow to ``group_size*k``."""
+        rep = lambda x: jnp.repeat(x, k, axis=0)
+        return dataclasses.replace(self, versions=rep(self.versions), indices=rep(self.indices),
+                                   active=rep(self.active), group_size=self.group_size * k)
+
+    def pad_rows(self, rows: int) -> Perturbation:
+        """Append inactive rows up to ``rows`` (a multiple of ``group_size``)."""
+        extra = rows - self.rows
+        if extra < 0 or rows % self.group_size:
+            raise ValueError(f"cannot pad {self.rows} rows to {rows} with group_size={self.group_size}")
+        if extra == 0:
+            return self
+        pad = lambda x, v: jnp.concatenate([x, jnp.full((extra,), v, x.dtype)])
+        return dataclasses.replace(self, versions=pad(self.versions, 0), indices=pad(self.indices, 0),
+                                   active=pad(self.active, False))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A perturbation expanded for one forward: per-group noise (low-rank) or per-group params (full)."""
+
+    mode: str = dataclasses.field(metadata=dict(static=True))
+    groups: int = dataclasses.field(metadata=dict(static=True))
+    sigma: jax.Array
+    noise: Any = None          # low-rank: tree like params with LowRank / dense delta [G, ...] / None leaves
+    group_params: Any = None   # full: params with a leading [G] axis
+
+
+def prepare(perturbation: Perturbation | Prepared | None, params: Any) -> Prepared | None:
+    """Generate the noise a forward needs (call inside jit; cheap for low-rank, ``G × params`` for full)."""
+    if perturbation is None or isinstance(perturbation, Prepared):
+        return perturbation
+    spec = perturbation.spec
+    versions, indices, active = perturbation.group_members()
+    sigma = perturbation.sigma
+    groups = perturbation.groups
+    if spec.mode == "full":
+        sigmas = jnp.where(active, sigma, 0.0)
+        stacked = jax.vmap(lambda v, i, s: perturbed_params(spec, params, v, i, s))(versions, indices, sigmas)
+        return Prepared("full", groups, sigma, group_params=stacked)
+
+    scale = jnp.where(active, sigma, 0.0).astype(jnp.float32)
+
+    def leaf_noise(key_path, leaf):
+        path = path_str(key_path)
+        if not spec.scope.contains(path, leaf):
+            return None
+        if is_matrix_path(path):
+            return LowRank(*lowrank_factors(spec, path, leaf.shape, versions, indices, active))
+        eps = jax.vmap(lambda v, i: member_noise(spec, path, leaf.shape, v, i, jnp.float32))(versions, indices)
+        return eps * scale.reshape((-1,) + (1,) * leaf.ndim)
+
+    noise = jax.tree_util.tree_map_with_path(leaf_noise, params)
+    return Prepared("lowrank", groups, sigma, noise=noise)

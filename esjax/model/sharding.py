@@ -1,0 +1,130 @@
+"""Logical axis names → mesh axes: the one place where esjax's model shardings are declared.
+
+Every parameter leaf carries a tuple of logical axis names (``esjax.model.params.param_logical_axes``);
+activations and the KV cache name theirs at the call site (``constrain``). ``LOGICAL_RULES`` maps names
+onto the two mesh axes: batch rows (members × episodes) over ``data``; attention heads, MLP width and
+vocabulary over ``model``. A dimension that does not divide evenly by its mesh axis is replicated instead
+(e.g. Qwen2.5's 2 KV heads on a 4-way ``model`` axis), so any mesh works for any model.
+
+Meshes use ``AxisType.Auto`` (classic propagation): parameters and inputs are placed with
+``NamedSharding`` and XLA propagates through the jitted forward; ``constrain`` pins activations when a mesh
+is active via ``jax.set_mesh`` and is a no-op otherwise, so nothing assumes one device or a mesh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from esjax.model.config import ModelConfig
+from esjax.model.params import param_logical_axes, param_shapes
+
+DATA = "data"
+MODEL = "model"
+MESH_AXES = (DATA, MODEL)
+
+#: logical axis name → mesh axis (None: replicated). The only sharding declaration in esjax.model.
+LOGICAL_RULES: tuple[tuple[str, str | None], ...] = (
+    ("batch", DATA),
+    ("vocab", MODEL),
+    ("heads", MODEL),
+    ("kv_heads", MODEL),
+    ("mlp", MODEL),
+    ("embed", None),
+    ("norm", None),
+    ("layers", None),
+    ("seq", None),
+    ("cache_seq", None),
+    ("head_dim", None),
+)
+
+#: Logical axes of activations and the KV cache (used with ``constrain``).
+ACTIVATION_AXES = ("batch", "seq", "embed")
+CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
+
+
+def make_mesh(data: int = 1, model: int | None = None, devices: Sequence[Any] | None = None) -> Mesh:
+    """A ``('data', 'model')`` mesh with Auto axis types; ``model`` defaults to all remaining devices."""
+    devices = list(devices if devices is not None else jax.devices())
+    if model is None:
+        model = len(devices) // data
+    if data * model != len(devices):
+        raise ValueError(f"mesh ({data}, {model}) needs {data * model} devices, have {len(devices)}")
+    return jax.make_mesh((data, model), MESH_AXES, axis_types=(AxisType.Auto,) * 2, devices=devices)
+
+
+def _rule(name: str | None, rules) -> str | None:
+    if name is None:
+        return None
+    for logical, mesh_axis in rules:
+        if logical == name:
+            return mesh_axis
+    raise KeyError(f"no sharding rule for logical axis {name!r}; add it to esjax.model.sharding.LOGICAL_RULES")
+
+
+def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int] | None = None,
+                    mesh_shape: dict[str, int] | None = None, rules=LOGICAL_RULES) -> PartitionSpec:
+    """PartitionSpec for logical ``axes``; dims not divisible by their mesh axis size are replicated."""
+    used: set[str] = set()
+    out = []
+    for i, name in enumerate(axes):
+        mesh_axis = _rule(name, rules)
+        if mesh_axis is not None and mesh_shape is not None:
+            size = mesh_shape.get(mesh_axis, 1)
+            if mesh_axis in used or (shape is not None and shape[i] % size):
+                mesh_axis = None
+        if mesh_axis is not None:
+            used.add(mesh_axis)
+        out.append(mesh_axis)
+    return PartitionSpec(*out)
+
+
+def named_sharding(mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int]) -> NamedSharding:
+    return NamedSharding(mesh, logical_to_spec(axes, shape, dict(mesh.shape)))
+
+
+def param_shardings(config: ModelConfig, mesh: Mesh) -> Any:
+    """Tree of ``NamedSharding`` matching the parameter tree of ``config``."""
+    shapes = param_shapes(config)
+    axes = param_logical_axes(config)
+    return jax.tree.map(lambda s, a: named_sharding(mesh, a, s.shape), shapes, axes,
+                        is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+
+
+def shard_params(params: Any, config: ModelConfig, mesh: Mesh) -> Any:
+    """Place an existing parameter tree onto ``mesh`` (loading from disk should use ``hf.load_params``)."""
+    return jax.device_put(params, param_shardings(config, mesh))
+
+
+def batch_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
+    """Rows over ``data``, everything else replicated (inputs such as tokens, positions, masks)."""
+    return named_sharding(mesh, ("batch",) + (None,) * (len(shape) - 1), shape)
+
+
+def put_batch(x: Any, mesh: Mesh | None = None) -> jax.Array:
+    """``device_put`` a host batch (leading axis = rows) onto ``mesh`` (or the active mesh; none: as is)."""
+    mesh = mesh if mesh is not None else _concrete_mesh()
+    x = np.asarray(x) if not isinstance(x, jax.Array) else x
+    if mesh is None:
+        return jax.numpy.asarray(x)
+    return jax.device_put(x, batch_sharding(mesh, x.shape))
+
+
+def _concrete_mesh() -> Mesh | None:
+    mesh = jax.sharding.get_mesh()
+    if mesh is None or getattr(mesh, "empty", True) or not isinstance(mesh, Mesh):
+        return None
+    return mesh
+
+
+def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
+    """``with_sharding_constraint`` by logical axes under the active mesh (``jax.set_mesh``); else identity."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    spec = logical_to_spec(axes, x.shape, dict(mesh.shape))
+    return jax.lax.with_sharding_constraint(x, spec)
