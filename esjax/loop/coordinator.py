@@ -96,8 +96,8 @@ class CoordinatorState:
         out = dataclasses.asdict(self)
         out["dispatched_at"] = {str(k): v for k, v in self.dispatched_at.items()}
         out["in_flight"] = {str(k): list(v) for k, v in self.in_flight.items()}
-        out["held"] = [dataclasses.astuple(r) for r in self.held]
-        out["cohort"] = [dataclasses.astuple(r) for r in self.cohort]
+        out["held"] = [list(dataclasses.astuple(r)) for r in self.held]
+        out["cohort"] = [list(dataclasses.astuple(r)) for r in self.cohort]
         return out
 
     @classmethod
@@ -231,6 +231,8 @@ class Coordinator:
     def report(self, result: Result) -> list[UpdateRecord]:
         """Take a finished job's fitness; returns the updates this triggered (usually none, sometimes several)."""
         state = self.state
+        if len(state.cohort) >= self.config.population:
+            raise RuntimeError("the open cohort is complete but its update failed; call retry_update() first")
         member = state.in_flight.get(result.job_id)
         if member is None:
             raise ValueError(f"result for job {result.job_id}, which is not in flight (unknown or reported twice)")
@@ -276,6 +278,13 @@ class Coordinator:
                 records.append(self._apply())
                 pos = 0
         return records
+
+    def retry_update(self) -> list[UpdateRecord]:
+        """Apply the complete cohort whose ``apply_update`` raised (the cohort was kept), then re-triage."""
+        if len(self.state.cohort) < self.config.population:
+            return []
+        records = [self._apply()]
+        return records + self._triage(0)
 
     def _accept(self, finished: Finished, lag: int) -> None:
         state = self.state
