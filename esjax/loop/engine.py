@@ -1,0 +1,107 @@
+"""Glue between the coordinator and the ES engine, and a JAX surrogate fitness for the simulator.
+
+:class:`ESUpdate` is the coordinator's ``apply_update``: it hands each cohort's accepted
+``(versions, indices, fitness)`` to :func:`esjax.es.update.update` on the *current* ES state (θ_t), so
+stale members contribute their own regenerated noise with no correction. It also keeps θ of the last few
+versions, because the rollout side (and :class:`QuadraticFitness`) evaluates members at their dispatch
+version. The ES engine is imported lazily so the rest of the loop works without it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from esjax.es import noise as es_noise
+from esjax.loop.tasks import hash_ints
+from esjax.loop.types import Cohort, Job
+
+PyTree = Any
+
+
+def _es_update_module():
+    try:
+        from esjax.es import update as es_update
+    except ImportError as err:  # pragma: no cover - only before the ES engine lands
+        raise ImportError("esjax.loop.engine.ESUpdate needs esjax.es.update (the ES engine)") from err
+    return es_update
+
+
+class ESUpdate:
+    """``apply_update`` backed by the ES engine; keeps θ of versions t − keep + 1 … t.
+
+    Args:
+      config: an ``esjax.es.update.ESConfig``.
+      params: initial θ (ignored when ``state`` is given).
+      state: a restored ``ESState`` (resume).
+      keep: how many recent versions of θ to keep (K + 1 covers every dispatchable version).
+    """
+
+    def __init__(self, config: Any, params: PyTree = None, *, state: Any = None, keep: int = 1) -> None:
+        self._es = _es_update_module()
+        self.config = config
+        self.state = state if state is not None else self._es.init(config, params)
+        self.keep = max(1, keep)
+        self._params = {self.version: self.state.params}
+
+    @property
+    def version(self) -> int:
+        return int(self.state.version)
+
+    def params_at(self, version: int) -> PyTree:
+        """θ at ``version`` (must be one of the kept versions)."""
+        try:
+            return self._params[version]
+        except KeyError:
+            raise KeyError(f"θ of version {version} is not kept (have {sorted(self._params)})") from None
+
+    def __call__(self, cohort: Cohort) -> Mapping[str, Any]:
+        if cohort.version != self.version:
+            raise RuntimeError(f"cohort for version {cohort.version}, but the ES state is at {self.version}")
+        self.state, metrics = self._es.update(
+            self.config, self.state, jnp.asarray(cohort.versions, jnp.int32), jnp.asarray(cohort.indices, jnp.int32),
+            jnp.asarray(cohort.fitness, jnp.float32))
+        self._params[self.version] = self.state.params
+        for old in [v for v in self._params if v <= self.version - self.keep]:
+            del self._params[old]
+        return {k: float(np.asarray(v)) for k, v in dict(metrics).items() if np.ndim(v) == 0}
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _member_loss(spec: es_noise.NoiseSpec, params: PyTree, target: PyTree, version, index, sigma):
+    perturbed = es_noise.perturbed_params(spec, params, version, index, sigma)
+    sq = jax.tree_util.tree_map(lambda p, q: jnp.sum((p - q) ** 2), perturbed, target)
+    size = sum(x.size for x in jax.tree_util.tree_leaves(target))
+    return sum(jax.tree_util.tree_leaves(sq)) / size
+
+
+class QuadraticFitness:
+    """Noisy quadratic surrogate: fitness = −mean((θ_v + σ·ε_(v,i) − θ*)²) + noise.
+
+    The noise has a part shared by every member of a version (common random numbers: it cancels in
+    cohort shaping, as task-batch difficulty does) and a per-member part. Evaluated when a job starts,
+    on θ of the job's version, with the same counter-based noise the ES engine regenerates.
+    """
+
+    def __init__(self, spec: es_noise.NoiseSpec, sigma: float, target: PyTree, params_at: Any,
+                 shared_noise: float = 0.0, member_noise: float = 0.0, seed: int = 0) -> None:
+        self.spec, self.sigma, self.target, self.params_at = spec, float(sigma), target, params_at
+        self.shared_noise, self.member_noise, self.seed = shared_noise, member_noise, seed
+
+    def _normal(self, *values: int) -> float:
+        return float(np.random.default_rng(hash_ints(self.seed, *values)).standard_normal())
+
+    def __call__(self, jobs: Sequence[Job]) -> np.ndarray:
+        out = np.empty(len(jobs), np.float64)
+        for n, job in enumerate(jobs):
+            v, i = job.member.version, job.member.index
+            loss = float(_member_loss(self.spec, self.params_at(v), self.target, v, i, self.sigma))
+            noise = self.shared_noise * self._normal(job.tasks.sampling_seed)
+            noise += self.member_noise * self._normal(job.tasks.sampling_seed, v, i)
+            out[n] = -loss + noise
+        return out
