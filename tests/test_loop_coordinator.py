@@ -37,7 +37,13 @@ def test_members_of_one_version_share_tasks_and_count_indices():
     new = coord.next_jobs(2)
     assert [j.member for j in new] == [Member(1, 0), Member(1, 1)]
     assert new[0].tasks == TaskSampler(5, 20, 3)(1)
-    assert coord.live_versions() == [0, 1]
+    assert coord.live_versions() == [0, 1]  # jobs 4, 5 still run at version 0
+    records = [r for job, f in [(jobs[4], 2.0), (jobs[5], 0.0), (new[0], 1.0), (new[1], 1.0)]
+               for r in coord.report(job.result(f, 1.0))]
+    (summary,) = [r.summary() for r in records]
+    assert summary["version"] == 1 and summary["cohort_lag_hist"] == [2, 2] and summary["fitness_max"] == 2.0
+    assert summary["accepted"] == 8 and summary["stale_fraction"] == 0.25
+    assert coord.live_versions() == [2]
 
 
 def test_bad_reports_and_dispatches_are_clear_errors():

@@ -1,0 +1,16 @@
+"""The bounded-staleness loop: coordinator (versions, jobs, cohorts), schedules and the latency simulator.
+
+Rollout drivers talk to :class:`Coordinator` only through :class:`Job` (out) and :class:`Result` (in);
+``esjax.loop.engine`` (imported on demand: it pulls in JAX) connects cohorts to the ES engine.
+"""
+
+from esjax.loop.coordinator import Coordinator, CoordinatorConfig, CoordinatorState
+from esjax.loop.schedules import AllStale, Async, Controlled, ExtremeLag, Schedule, Sync, make_schedule, stale_count
+from esjax.loop.tasks import TaskSampler
+from esjax.loop.types import Cohort, Job, Member, Result, TaskBatch, UpdateFn, UpdateRecord, Verdict
+
+__all__ = [
+    "AllStale", "Async", "Cohort", "Controlled", "Coordinator", "CoordinatorConfig", "CoordinatorState",
+    "ExtremeLag", "Job", "Member", "Result", "Schedule", "Sync", "TaskBatch", "TaskSampler", "UpdateFn",
+    "UpdateRecord", "Verdict", "make_schedule", "stale_count",
+]

@@ -107,6 +107,20 @@ class UpdateRecord:
     def version(self) -> int:
         return self.cohort.version
 
+    def summary(self) -> dict[str, Any]:
+        """Flat per-update metrics for logs: version, cohort lags and fitness, running totals, engine metrics."""
+        lags = self.cohort.lags
+        fitness = self.cohort.fitness
+        return {
+            "version": self.version,
+            "cohort_lag_hist": np.bincount(lags).tolist() if len(lags) else [],
+            "cohort_stale_fraction": self.cohort.stale_fraction,
+            "fitness_mean": float(fitness.mean()), "fitness_max": float(fitness.max()),
+            "fitness_std": float(fitness.std()),
+            **{k: v for k, v in self.totals.items() if k != "version"},
+            **dict(self.metrics),
+        }
+
 
 class Verdict(enum.Enum):
     """A schedule's decision about one finished result."""
