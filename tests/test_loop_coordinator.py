@@ -120,3 +120,22 @@ def test_simulated_runs_are_deterministic():
         return report.update_times.tolist(), [r.cohort.fitness.tolist() for r in report.records], coord.state_dict()
 
     assert run() == run()
+
+
+def test_lost_jobs_are_rerun_or_abandoned_without_deadlock():
+    """After a resume the in-flight jobs can be re-run (same member, same tasks) or abandoned; either way a
+    controlled schedule gets its quota back instead of waiting forever."""
+    config = CoordinatorConfig(4, 2, seed=1)
+    coord = Coordinator(config, Controlled(2, 0.5))
+    first = simulate(coord, workers=3, durations=LogNormal(1.0), updates=3)
+    lost = coord.in_flight_jobs()
+    assert lost and all(job.tasks == coord.task_batch(job.member.version) for job in lost)
+    again = simulate(coord, workers=3, durations=LogNormal(1.0), updates=3, seed=1)  # re-runs `lost`
+    assert again.records[0].version == first.records[-1].version + 1
+    for job in coord.in_flight_jobs():
+        coord.abandon(job.job_id, duration=0.5)
+    assert coord.totals()["discarded_by"]["abandoned"] == 3 and coord.in_flight == 0
+    simulate(coord, workers=3, durations=LogNormal(1.0), updates=3, seed=2)
+    assert coord.version == 9
+    with pytest.raises(ValueError, match="not in flight"):
+        coord.abandon(10_000)

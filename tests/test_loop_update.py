@@ -18,9 +18,8 @@ from esjax.loop.simulate import HashFitness, LogNormal, simulate  # noqa: E402
 
 
 def _params():
-    key = jax.random.key(0)
-    return {"dense": {"kernel": jax.random.normal(key, (5, 3)), "bias": jnp.zeros((3,))},
-            "embed": jnp.ones((4, 2))}
+    # One matrix (low-rank noise) and one vector (dense fallback): few leaves keep the compile short.
+    return {"dense": {"kernel": jax.random.normal(jax.random.key(0), (5, 3)), "bias": jnp.zeros((3,))}}
 
 
 class _Recorder:
@@ -35,10 +34,13 @@ class _Recorder:
         return self.inner(cohort)
 
 
+_member_noise = jax.jit(es_noise.member_noise, static_argnums=(0, 1, 2))  # the reference noise, compiled once
+
+
 def _hand_update(spec, params, cohort, sigma, lr, scale, shaping):
     f = np.asarray(cohort.fitness, np.float64)
     n = len(f)
-    if shaping == "zscore":
+    if shaping == "z_score":
         w = (f - f.mean()) / (f.std() + 1e-8)
     else:
         w = f
@@ -47,7 +49,7 @@ def _hand_update(spec, params, cohort, sigma, lr, scale, shaping):
     def leaf(path, value):
         if not spec.scope.contains(path, value):
             return np.asarray(value)
-        g = sum(wi * np.asarray(es_noise.member_noise(spec, path, value.shape, int(v), int(i)))
+        g = sum(wi * np.asarray(_member_noise(spec, path, value.shape, int(v), int(i)))
                 for wi, v, i in zip(w, cohort.versions, cohort.indices))
         return np.asarray(value) + lr * c * g
 
@@ -55,8 +57,9 @@ def _hand_update(spec, params, cohort, sigma, lr, scale, shaping):
     return jax.tree_util.tree_unflatten(treedef, [leaf(es_noise.path_str(kp), x) for kp, x in flat])
 
 
-@pytest.mark.parametrize("mode,scale,shaping", [("full", "llm", "zscore"), ("lowrank", "nes", "raw")])
-def test_stale_cohorts_apply_each_members_own_noise_to_current_theta(mode, scale, shaping):
+def test_stale_cohorts_apply_each_members_own_noise_to_current_theta():
+    """The published convention (z-scores, c = 1/N, SGD) with low-rank noise; half of each cohort 2 updates old."""
+    mode, scale, shaping = "lowrank", "llm", "z_score"
     spec = es_noise.NoiseSpec(seed=3, mode=mode, rank=2, antithetic=True, scope=es_noise.Scope("all"))
     sigma, lr = 0.1, 0.05
     config = es_update.ESConfig(noise=spec, sigma=sigma, scale=scale, shaping=shaping, learning_rate=lr)
@@ -73,7 +76,8 @@ def test_stale_cohorts_apply_each_members_own_noise_to_current_theta(mode, scale
 
 
 def test_async_es_descends_a_noisy_quadratic():
-    """Smoke test of the whole stack: natural async ES (K = 2) on the simulator improves the surrogate."""
+    """Smoke test of the whole stack (full noise, NES scale, centered ranks): natural async ES with K = 2 on
+    the simulator improves the noisy-quadratic surrogate."""
     spec = es_noise.NoiseSpec(seed=0, mode="full", antithetic=True, scope=es_noise.Scope("all"))
     params = {"w": jnp.zeros((4, 4))}
     target = {"w": jnp.ones((4, 4))}

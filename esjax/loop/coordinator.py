@@ -30,7 +30,7 @@ import numpy as np
 from esjax.loop.tasks import TaskSampler
 from esjax.loop.types import Cohort, Job, Member, Result, TaskBatch, UpdateFn, UpdateRecord, Verdict
 
-DISCARD_REASONS = ("too_stale", "schedule", "nonfinite")
+DISCARD_REASONS = ("too_stale", "schedule", "nonfinite", "abandoned")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,6 +224,22 @@ class Coordinator:
         state.dispatched += 1
         self._inflight_by_version[version] += 1
         return job
+
+    def in_flight_jobs(self) -> list[Job]:
+        """The jobs in flight, rebuilt from the state (e.g. to re-run them after a resume: a member's
+        rollout depends only on (v, i) and version v's task batch, so re-running reproduces it)."""
+        items = sorted(self.state.in_flight.items())
+        return [Job(job_id, Member(v, i), self.task_batch(v)) for job_id, (v, i) in items]
+
+    def abandon(self, job_id: int, duration: float = 0.0) -> None:
+        """Give up on an in-flight job (a worker died, the rollout was cancelled); counted as discarded
+        ('abandoned') with ``duration`` wasted. Schedules then see the missing supply and re-dispatch."""
+        member = self.state.in_flight.pop(job_id, None)
+        if member is None:
+            raise ValueError(f"cannot abandon job {job_id}: it is not in flight")
+        self._decrement(self._inflight_by_version, member[0])
+        self.state.completed += 1
+        self._discard(Finished(job_id, member[0], member[1], math.nan, float(duration)), "abandoned")
 
     # ---------------------------------------------------------------------------------------------------
     # Results

@@ -10,6 +10,7 @@ version. The ES engine is imported lazily so the rest of the loop works without 
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,11 +26,10 @@ PyTree = Any
 
 
 def _es_update_module():
-    try:
-        from esjax.es import update as es_update
+    try:  # the module, not esjax.es.update the function (the package re-exports it under that name)
+        return importlib.import_module("esjax.es.update")
     except ImportError as err:  # pragma: no cover - only before the ES engine lands
         raise ImportError("esjax.loop.engine.ESUpdate needs esjax.es.update (the ES engine)") from err
-    return es_update
 
 
 class ESUpdate:

@@ -9,7 +9,8 @@ time and lag histograms of ``sync`` vs ``async`` vs ``controlled`` come out dire
 Model: each of G slots runs one member rollout at a time; a job's duration is drawn when it starts; a
 slot that frees is refilled at once by asking the coordinator (which may leave it idle, e.g. at the sync
 barrier); an update takes ``update_time`` of virtual time during which nothing is dispatched (running
-jobs continue). Ties in finish time are broken by job id, so a run is deterministic given its seed.
+jobs continue). Ties in finish time are broken by job id, so a run is deterministic given its seed. Jobs a
+coordinator has in flight when ``simulate`` starts (an earlier call, a resume) are re-run from the start.
 """
 
 from __future__ import annotations
@@ -225,20 +226,27 @@ def simulate(coordinator: Coordinator, *, workers: int, durations: Durations, up
     records: list[UpdateRecord] = []
     start_version = coord.version
 
-    def fill(now: float) -> None:
-        jobs = coord.next_jobs(workers - len(heap))
-        if not jobs:
-            return
+    def start(jobs: list[Job], now: float) -> None:
         values = np.asarray(fitness(jobs), np.float64)
         for job, value in zip(jobs, values):
             duration = draw()
             if not math.isfinite(duration) or duration < 0:
                 raise ValueError(f"simulate: drew an invalid duration {duration}")
             heapq.heappush(heap, (now + duration, job.job_id, job, float(value), duration, now))
+
+    def fill(now: float) -> None:
+        jobs = coord.next_jobs(workers - len(heap))
+        if jobs:
+            start(jobs, now)
         if started > max_jobs:
             raise RuntimeError(f"simulate: started {started} jobs for {coord.version - start_version} updates "
                                f"(schedule {coord.schedule.name} is not converging)")
 
+    resumed = coord.in_flight_jobs()  # left running by an earlier driver: re-run them from the start
+    if len(resumed) > workers:
+        raise ValueError(f"simulate: the coordinator has {len(resumed)} jobs in flight, more than {workers} workers")
+    if resumed:
+        start(resumed, clock)
     fill(clock)
     ready = 0.0  # the coordinator is applying updates until then: no dispatch before it
     while coord.version < target:
