@@ -1,0 +1,231 @@
+"""WebShop's text environment (``WebAgentTextEnv`` in ``observation_mode='text'``), page for page.
+
+The session logic follows WebShop's ``SimServer.receive``: ``search[q]`` works from any page and
+shows results page 1; ``click[x]`` must name one of the current page's clickables (lower-cased
+argument; clicking "search" is refused); Back to Search resets the session (options too); ``< Prev``
+goes item -> results (which clears chosen options) and sub page -> item; ``Next >`` / ``< Prev`` page
+through results; an option click records ``{option name: value}``; Buy Now ends the episode with
+WebShop's reward. Anything else is a no-op with reward 0 and ``done=False``; it is flagged in
+``info['valid'] = False`` with ``info['invalid_reason']``.
+
+Differences, all deliberate: actions after Buy Now are no-ops (WebShop would let the session go on
+and even re-score a second purchase); the special queries ``<r>``, ``<a> attr``, ``<c> category`` and
+``<q> query`` never raise (WebShop's ``<a>`` crashes in text mode); ``<r>`` is drawn once per query
+from the environment's own seeded RNG; an optional ``max_steps`` truncates episodes.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from . import pages
+from .goals import Goal
+from .pages import Page
+from .reward import RewardInfo, compute_reward
+from .search import SEARCH_RETURN_N
+from .shop import Shop
+
+SPECIAL_QUERIES = {"<a>": "attribute", "<c>": "category", "<q>": "query"}
+
+
+def parse_action(action: str) -> tuple[str, str | None]:
+    """WebShop's ``re.match(r'(.+)\\[(.+)\\]', action)`` -> (name, argument or None), in linear time.
+
+    The regex's greedy groups pick the last ``[`` that still leaves a non-empty argument before the last
+    ``]``, both within the first line (``.`` does not match a newline); text after that ``]`` is ignored.
+    Without a match the whole action is the name and the argument is None.
+    """
+    line = action.split("\n", 1)[0]
+    close = line.rfind("]")
+    if close >= 3:
+        open_ = line.rfind("[", 1, close - 1)
+        if open_ != -1:
+            return line[:open_], line[open_ + 1:close]
+    return action, None
+
+
+@dataclass
+class Session:
+    goal_index: int
+    goal: Goal
+    page: Page
+    keywords: str | None = None
+    results: list[int] = field(default_factory=list)
+    result_page: int = 1
+    product: int | None = None
+    visited: set[int] = field(default_factory=set)
+    options: dict[str, str] = field(default_factory=dict)
+    done: bool = False
+    reward: float = 0.0
+    steps: int = 0
+
+
+class WebShopTextEnv:
+    """One agent session at a time over a shared :class:`Shop`.
+
+    ``reset(goal_index)`` -> (observation, info); ``step(action)`` -> (observation, reward, done, info);
+    ``available_actions()`` -> ``{'has_search_bar': bool, 'clickables': [str, ...]}``.
+    """
+
+    def __init__(self, shop: Shop, *, show_attrs: bool = False, max_steps: int | None = None,
+                 seed: int | None = None, split: str | None = None):
+        self.shop = shop
+        self.show_attrs = show_attrs
+        self.max_steps = max_steps
+        self.split = split
+        self.rng = random.Random(seed)
+        self.session: Session | None = None
+
+    # ------------------------------------------------------------------------------------ API
+    @property
+    def instruction(self) -> str:
+        """The current goal's instruction text."""
+        return self._session().goal.instruction_text
+
+    @property
+    def goal(self) -> Goal:
+        return self._session().goal
+
+    @property
+    def observation(self) -> str:
+        return self._session().page.observation
+
+    @property
+    def page(self) -> Page:
+        return self._session().page
+
+    def available_actions(self) -> dict:
+        return self._session().page.available_actions()
+
+    def reset(self, goal_index: int | None = None, *, instruction_text: str | None = None) -> tuple[str, dict]:
+        """Start a session on goal ``goal_index`` (None: a random goal of ``split`` or of all goals)."""
+        goals = self.shop.goals
+        if goal_index is None:
+            pool = self.shop.split(self.split) if self.split else range(len(goals))
+            if len(pool) == 0:
+                raise ValueError("no goals to draw from")
+            goal_index = pool[self.rng.randrange(len(pool))]
+        if not 0 <= goal_index < len(goals):
+            raise IndexError(f"goal_index {goal_index} out of range [0, {len(goals)})")
+        goal = goals[goal_index]
+        if instruction_text is not None:
+            from dataclasses import replace
+
+            goal = replace(goal, instruction_text=instruction_text)
+        self.session = Session(goal_index, goal, pages.search_page(goal.instruction_text))
+        return self.session.page.observation, {"goal_index": goal_index, "page": "search",
+                                               "instruction": goal.instruction_text}
+
+    def step(self, action: str) -> tuple[str, float, bool, dict]:
+        s = self._session()
+        if s.done:
+            return s.page.observation, 0.0, True, self._invalid(s, action, None, None, "episode is over")
+        s.steps += 1
+        if not isinstance(action, str):
+            info = self._invalid(s, repr(action), None, None, f"action must be a string, got {type(action).__name__}")
+            return self._maybe_truncate(s, info)
+        name, arg = parse_action(action)
+        if arg is not None:
+            arg = arg.lower()
+        reward, info = 0.0, {"valid": True, "action_name": name, "action_arg": arg}
+        if name == "search" and arg:
+            self._search(s, arg)
+        elif name == "click" and arg is not None and arg in s.page.clickables and arg != "search":
+            reward = self._click(s, arg, info)
+        else:
+            info = self._invalid(s, action, name, arg, self._why_invalid(s, name, arg))
+        info.update(page=s.page.kind, steps=s.steps)
+        if s.done:
+            return s.page.observation, reward, True, info
+        return self._maybe_truncate(s, info)
+
+    # ----------------------------------------------------------------------------- internals
+    def _session(self) -> Session:
+        if self.session is None:
+            raise RuntimeError("call reset() before using the environment")
+        return self.session
+
+    def _maybe_truncate(self, s: Session, info: dict) -> tuple[str, float, bool, dict]:
+        if self.max_steps is not None and s.steps >= self.max_steps:
+            s.done = True
+            info["truncated"] = True
+            return s.page.observation, 0.0, True, info
+        return s.page.observation, 0.0, False, info
+
+    @staticmethod
+    def _why_invalid(s: Session, name: str, arg: str | None) -> str:
+        if name == "search":
+            return "empty search"
+        if name == "click":
+            if arg == "search":
+                return "the search button cannot be clicked; use search[...]"
+            return f"{arg!r} is not clickable on the {s.page.kind} page"
+        return "not of the form search[...] or click[...]"
+
+    def _invalid(self, s: Session, action, name, arg, reason: str) -> dict:
+        return {"valid": False, "invalid_reason": reason, "action_name": name, "action_arg": arg,
+                "page": s.page.kind, "steps": s.steps}
+
+    def _run_query(self, keywords: str) -> list[int]:
+        words = keywords.split(" ")
+        head = words[0]
+        if head == "<r>":
+            n = len(self.shop.catalog)
+            return self.rng.sample(range(n), k=min(SEARCH_RETURN_N, n))
+        if head in SPECIAL_QUERIES:
+            value = (words[1] if len(words) > 1 else "").strip() if head == "<c>" else " ".join(words[1:]).strip()
+            return list(self.shop.catalog.indices_where(SPECIAL_QUERIES[head], value))
+        return self.shop.search(keywords)
+
+    def _search(self, s: Session, keywords: str) -> None:
+        s.keywords = keywords
+        s.results = self._run_query(keywords)
+        self._show_results(s, 1)
+
+    def _show_results(self, s: Session, page: int) -> None:
+        s.result_page = page
+        s.product = None
+        s.options = {}
+        start = (page - 1) * pages.PRODUCTS_PER_PAGE
+        hits = [(i, self.shop.product(i)) for i in s.results[start:start + pages.PRODUCTS_PER_PAGE]]
+        s.page = pages.results_page(s.goal.instruction_text, page, len(s.results), hits)
+
+    def _show_item(self, s: Session) -> None:
+        s.page = pages.item_page(s.goal.instruction_text, self.shop.product(s.product), self.show_attrs)
+
+    def _click(self, s: Session, key: str, info: dict) -> float:
+        target = s.page.clickables[key]
+        kind = s.page.kind
+        if target.kind == "product":
+            s.product = target.payload
+            s.visited.add(target.payload)
+            self._show_item(s)
+        elif target.kind == "option":
+            s.options[target.payload] = key
+            self._show_item(s)
+        elif key == pages.BUY_NOW.lower():
+            return self._buy(s, info)
+        elif key == pages.BACK_TO_SEARCH.lower():
+            s.keywords, s.results, s.product, s.options, s.visited = None, [], None, {}, set()
+            s.page = pages.search_page(s.goal.instruction_text)
+        elif key == pages.NEXT_PAGE.lower() and kind == "results":
+            self._show_results(s, s.result_page + 1)
+        elif key == pages.PREV_PAGE.lower() and kind == "results":
+            self._show_results(s, s.result_page - 1)
+        elif key == pages.PREV_PAGE.lower() and kind == "item_sub":
+            self._show_item(s)
+        elif key == pages.PREV_PAGE.lower() and kind == "item":
+            self._show_results(s, s.result_page)
+        elif target.payload in pages.SUB_PAGES:
+            s.page = pages.item_sub_page(s.goal.instruction_text, self.shop.product(s.product), target.payload)
+        return 0.0
+
+    def _buy(self, s: Session, info: dict) -> float:
+        product = self.shop.product(s.product)
+        result: RewardInfo = compute_reward(product, s.goal, self.shop.price(s.product), s.options)
+        s.done, s.reward = True, result.reward
+        s.page = pages.done_page(product.asin, s.options, result.reward)
+        info.update(reward_info=result.to_dict(), purchased_asin=product.asin,
+                    purchased_options=dict(s.options), goal_asin=s.goal.asin)
+        return result.reward

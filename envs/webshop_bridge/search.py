@@ -1,0 +1,196 @@
+"""In-process BM25 search standing in for WebShop's pyserini/Lucene index (no Java).
+
+* Text analysis mirrors Lucene's English analyzer that pyserini uses: Unicode word tokens (``.`` and
+  ``'`` join letters/digits, ``,`` joins digits), English possessive ``'s`` removed, lower-case, Lucene's
+  33 English stop words, Porter stemming.
+* Scoring is Lucene's BM25 with pyserini's defaults k1 = 0.9, b = 0.4; ties go to the lower document
+  number, as in Lucene. Lucene's one-byte document-length norms are not reproduced (exact lengths are
+  used), so near-tied scores can order differently.
+* The index is a ``bm25s.BM25`` object (its CSC score matrix, vocabulary and save/load format). We fill
+  its matrix with a vectorized builder, because bm25s's own indexer loops over documents in Python and
+  the bridge must index synthetic catalogs of 1M+ products in seconds; a test checks both agree.
+* One engine per catalog per process (``get_engine``); for big catalogs it is cached on disk
+  (``bm25s`` format, memory-mapped on load).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import bm25s
+import numpy as np
+
+from .stemmer import porter_stem
+
+SEARCH_RETURN_N = 50
+K1, B = 0.9, 0.4
+ANALYZER_VERSION = "lucene-en-porter-1"
+DISK_CACHE_MIN_DOCS = 50_000
+
+LUCENE_STOP_WORDS = frozenset(
+    "a an and are as at be but by for if in into is it no not of on or such that the their then there "
+    "these they this to was will with".split()
+)
+_TOKEN = re.compile(r"[^\W_]+(?:(?:[.'](?=[^\W_])|(?<=\d),(?=\d))[^\W_]+)*")
+
+
+def analyze(text: str) -> list[str]:
+    """Lucene-English-like analysis of ``text`` into index terms (see module docstring)."""
+    out = []
+    for tok in _TOKEN.findall(text.lower()):
+        if tok.endswith("'s"):
+            tok = tok[:-2]
+        if tok and tok not in LUCENE_STOP_WORDS:
+            out.append(porter_stem(tok))
+    return out
+
+
+def default_cache_dir() -> Path:
+    """``$ESJAX_CACHE_DIR/webshop`` or ``~/.cache/esjax/webshop``."""
+    root = os.environ.get("ESJAX_CACHE_DIR")
+    return Path(root) / "webshop" if root else Path.home() / ".cache" / "esjax" / "webshop"
+
+
+
+class SearchEngine:
+    """BM25 over a fixed corpus; ``search(query)`` returns document numbers, best first."""
+
+    def __init__(self, retriever: bm25s.BM25):
+        self.retriever = retriever
+        s = retriever.scores
+        self._data = np.asarray(s["data"])
+        self._indices = np.asarray(s["indices"])
+        self._indptr = np.asarray(s["indptr"])
+        self.num_docs = int(s["num_docs"])
+        self.vocab: dict[str, int] = retriever.vocab_dict
+
+    # -------------------------------------------------------------------------------- building
+    @classmethod
+    def from_texts(cls, texts: Sequence[str]) -> SearchEngine:
+        """Analyze and index raw document texts."""
+        vocab: dict[str, int] = {}
+        term_ids: list[int] = []
+        lengths = np.zeros(len(texts), dtype=np.int64)
+        for i, text in enumerate(texts):
+            terms = analyze(text)
+            lengths[i] = len(terms)
+            term_ids.extend(vocab.setdefault(t, len(vocab)) for t in terms)
+        doc_ids = np.repeat(np.arange(len(texts), dtype=np.int64), lengths)
+        return cls.from_postings(doc_ids, np.asarray(term_ids, dtype=np.int64), vocab, len(texts))
+
+    @classmethod
+    def from_postings(cls, doc_ids: np.ndarray, term_ids: np.ndarray, vocab: dict[str, int],
+                      num_docs: int) -> SearchEngine:
+        """Index from one (document, term) entry per token occurrence — the vectorized builder."""
+        n_vocab = len(vocab)
+        doc_ids = np.asarray(doc_ids, dtype=np.int64)
+        doc_len = np.bincount(doc_ids, minlength=num_docs).astype(np.float64)
+        avg_len = float(doc_len.mean()) if num_docs else 0.0
+        keys, tf = np.unique(np.asarray(term_ids, dtype=np.int64) * max(num_docs, 1) + doc_ids, return_counts=True)
+        post_term = keys // max(num_docs, 1)
+        post_doc = (keys - post_term * max(num_docs, 1)).astype(np.int32)
+        del keys
+        df = np.bincount(post_term, minlength=n_vocab)
+        idf = np.log1p((num_docs - df + 0.5) / (df + 0.5))
+        tf = tf.astype(np.float64)
+        norm = K1 * ((1 - B) + B * doc_len[post_doc] / max(avg_len, 1e-12))
+        data = (idf[post_term] * (tf / (norm + tf))).astype(np.float32)
+        indptr = np.zeros(n_vocab + 1, dtype=np.int64)
+        np.cumsum(df, out=indptr[1:])
+        retriever = bm25s.BM25(k1=K1, b=B, method="lucene")
+        retriever.scores = {"data": data, "indices": post_doc, "indptr": indptr, "num_docs": int(num_docs)}
+        retriever.vocab_dict = dict(vocab)
+        retriever.unique_token_ids_set = set(vocab.values())
+        retriever.nonoccurrence_array = None
+        return cls(retriever)
+
+    # ------------------------------------------------------------------------------- disk cache
+    def save(self, directory: str | os.PathLike) -> None:
+        """Write atomically in bm25s's format (a half-written cache is never picked up)."""
+        directory = Path(directory)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
+        try:
+            self.retriever.save(str(tmp), show_progress=False)
+            if directory.exists():
+                shutil.rmtree(directory, ignore_errors=True)
+            os.replace(tmp, directory)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, mmap: bool = True) -> SearchEngine:
+        return cls(bm25s.BM25.load(str(directory), mmap=mmap, show_progress=False))
+
+    # -------------------------------------------------------------------------------- querying
+    def query_ids(self, query: str) -> list[int]:
+        """Term ids of the analyzed query, repeats kept (Lucene's bag-of-words query weights them)."""
+        return [self.vocab[t] for t in analyze(query) if t in self.vocab]
+
+    def scores(self, query: str) -> np.ndarray:
+        """BM25 score of every document for ``query`` (float64)."""
+        ids = self.query_ids(query)
+        if not ids:
+            return np.zeros(self.num_docs)
+        idx = np.concatenate([self._indices[self._indptr[t]:self._indptr[t + 1]] for t in ids])
+        val = np.concatenate([self._data[self._indptr[t]:self._indptr[t + 1]] for t in ids])
+        return np.bincount(idx, weights=val, minlength=self.num_docs)
+
+    def search(self, query: str, k: int = SEARCH_RETURN_N) -> list[int]:
+        """Top-``k`` matching documents (score desc, then document number asc)."""
+        scores = self.scores(query)
+        cand = np.flatnonzero(scores)
+        s = scores[cand]
+        if len(cand) > k:
+            kth = np.partition(s, len(s) - k)[len(s) - k]
+            keep = s >= kth
+            cand, s = cand[keep], s[keep]
+        order = np.lexsort((cand, -s))[:k]
+        return cand[order].tolist()
+
+
+# ------------------------------------------------------------------------------ per-process cache
+_ENGINES: dict[str, SearchEngine] = {}
+_LOCK = threading.Lock()
+
+
+def get_engine(key: str, build, num_docs: int, cache_dir: str | os.PathLike | None | bool = None) -> SearchEngine:
+    """The engine for corpus ``key``: from this process's cache, else the disk cache, else ``build()``.
+
+    ``cache_dir``: None -> the default directory, used only for corpora of >= 50k documents;
+    a path -> always used; False -> never touch the disk.
+    """
+    with _LOCK:
+        engine = _ENGINES.get(key)
+        if engine is not None:
+            return engine
+        directory = None
+        if cache_dir is not False and (cache_dir is not None or num_docs >= DISK_CACHE_MIN_DOCS):
+            directory = Path(cache_dir if cache_dir else default_cache_dir()) / f"bm25-{key}"
+        if directory is not None and (directory / "params.index.json").exists():
+            try:
+                engine = SearchEngine.load(directory)
+            except Exception:
+                engine = None  # a corrupt cache is rebuilt, never fatal
+        if engine is None:
+            engine = build()
+            if directory is not None:
+                try:
+                    engine.save(directory)
+                except OSError:
+                    pass  # read-only cache locations just mean no caching
+        _ENGINES[key] = engine
+        return engine
+
+
+def clear_engine_cache() -> None:
+    """Forget this process's engines (tests and benchmarks use it to time a cold build)."""
+    with _LOCK:
+        _ENGINES.clear()

@@ -1,0 +1,155 @@
+"""A Shop: one catalog, its drawn prices, goals, splits and search engine — what sessions share.
+
+``load_webshop`` reads WebShop's files (raw ``items_shuffle*.json`` or the processed JSONL, plus
+``items_ins_v2*.json`` and optionally ``items_human_ins.json``). ``ShopSpec`` is a picklable recipe
+so worker processes can build (and cache) the same shop.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .catalog import Catalog, ListCatalog
+from .data import Product, load_attribute_file, load_human_instructions, load_processed_jsonl, load_raw_products
+from .errors import DataError
+from .goals import DEFAULT_SPLITS, Goal, build_goals, make_splits
+from .search import SEARCH_RETURN_N, SearchEngine, get_engine
+
+
+@dataclass
+class Shop:
+    """Everything a session reads. Build it once per process; share it between sessions."""
+
+    catalog: Catalog
+    prices: np.ndarray
+    goals: Sequence[Goal]
+    splits: dict[str, range]
+    engine: SearchEngine
+    name: str = "shop"
+    human_goals: Sequence[Goal] | None = None
+    source: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.catalog)
+
+    def product(self, index: int) -> Product:
+        return self.catalog[index]
+
+    def index_of(self, asin: str) -> int | None:
+        return self.catalog.index_of(asin)
+
+    def price(self, index: int) -> float:
+        return float(self.prices[index])
+
+    def split(self, name: str) -> range:
+        if name not in self.splits:
+            raise KeyError(f"unknown split {name!r}; this shop has {sorted(self.splits)}")
+        return self.splits[name]
+
+    def search(self, query: str, k: int = SEARCH_RETURN_N) -> list[int]:
+        """BM25 top-``k`` product indices for ``query`` (lower-cased text expected)."""
+        return self.engine.search(query, k)
+
+
+def _pick(directory: Path, patterns: Sequence[str], what: str, required: bool) -> Path | None:
+    for pattern in patterns:
+        found = sorted(directory.glob(pattern))
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            raise DataError(str(directory), f"several {what} files match {pattern!r}: "
+                                            f"{[f.name for f in found]}; pass the file explicitly")
+    if required:
+        raise DataError(str(directory), f"no {what} file ({' or '.join(patterns)}) in this directory")
+    return None
+
+
+def load_webshop(path: str | os.PathLike, *, attributes_file: str | os.PathLike | None = None,
+                 human_file: str | os.PathLike | None = None, num_products: int | None = None, seed: int = 0,
+                 goals: str = "synthetic", splits: Mapping[str, int] | Sequence[tuple[str, int]] = DEFAULT_SPLITS,
+                 cache_dir: str | os.PathLike | None | bool = None) -> Shop:
+    """Load WebShop data from a directory or a products file.
+
+    A directory is searched for ``products*.jsonl`` (processed) or ``items_shuffle*.json`` (raw),
+    ``items_ins_v2*.json`` and ``items_human_ins.json``. ``goals`` picks the goal set ('synthetic' or
+    'human'); human goals are built whenever the human file exists and kept in ``shop.human_goals``.
+    ``seed`` fixes prices and price ceilings; ``splits`` are sizes of consecutive goal ranges, the rest
+    is ``train``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise DataError(str(path), "file or directory not found")
+    directory = path if path.is_dir() else path.parent
+    products_file = _pick(path, ("products*.jsonl", "items_shuffle*.json"), "products", True) \
+        if path.is_dir() else path
+    if attributes_file is None:
+        attributes_file = _pick(directory, ("items_ins_v2*.json",), "attribute", False)
+    if human_file is None:
+        human_file = _pick(directory, ("items_human_ins*.json",), "human instruction", False)
+    attributes = load_attribute_file(attributes_file) if attributes_file is not None else None
+    if products_file.suffix == ".jsonl":
+        products, texts = load_processed_jsonl(products_file, attributes, num_products)
+    else:
+        products = load_raw_products(products_file, attributes, num_products)
+        texts = None
+    if not products:
+        raise DataError(str(products_file), "no products")
+    catalog = ListCatalog(products, texts)
+    human = load_human_instructions(human_file) if human_file is not None else None
+
+    prices, synthetic = build_goals(products, seed=seed, kind="synthetic")
+    human_set = build_goals(products, seed=seed, kind="human", human=human)[1] if human is not None else None
+    if goals == "synthetic":
+        chosen = synthetic
+    elif goals == "human":
+        if human_set is None:
+            raise DataError(str(directory), "goals='human' needs items_human_ins.json (pass human_file=...)")
+        chosen = human_set
+    else:
+        raise ValueError(f"goals must be 'synthetic' or 'human', got {goals!r}")
+    engine = get_engine(catalog.fingerprint(), catalog.build_search_engine, len(catalog), cache_dir)
+    return Shop(catalog=catalog, prices=prices, goals=chosen, splits=make_splits(len(chosen), splits),
+                engine=engine, name=f"webshop:{products_file.name}", human_goals=human_set,
+                source={"products_file": str(products_file), "attributes_file": str(attributes_file),
+                        "human_file": str(human_file) if human_file else None, "seed": seed})
+
+
+@dataclass(frozen=True)
+class ShopSpec:
+    """A picklable recipe for a Shop: ``kind`` is 'webshop' (``path``) or 'synthetic' (``num_products``)."""
+
+    kind: str = "synthetic"
+    path: str | None = None
+    num_products: int | None = 300
+    seed: int = 0
+    goals: str = "synthetic"
+
+    def build(self) -> Shop:
+        if self.kind == "webshop":
+            if self.path is None:
+                raise ValueError("ShopSpec(kind='webshop') needs a path")
+            return load_webshop(self.path, num_products=self.num_products, seed=self.seed, goals=self.goals)
+        if self.kind == "synthetic":
+            from .synthetic import synthetic_shop
+
+            return synthetic_shop(self.num_products or 300, seed=self.seed)
+        raise ValueError(f"ShopSpec.kind must be 'webshop' or 'synthetic', got {self.kind!r}")
+
+
+_SHOPS: dict[ShopSpec, Shop] = {}
+_SHOPS_LOCK = threading.Lock()
+
+
+def get_shop(spec: ShopSpec) -> Shop:
+    """The process-wide Shop for ``spec`` (built on first use, then shared)."""
+    with _SHOPS_LOCK:
+        shop = _SHOPS.get(spec)
+        if shop is None:
+            shop = _SHOPS[spec] = spec.build()
+        return shop
