@@ -165,11 +165,22 @@ def test_published_delay_3_of_30_by_4():
 
 
 def test_controlled_with_few_slots_dispatches_at_older_versions():
-    """One slot: t moves on before a version got its stale members, so they are dispatched at that version."""
-    report, coord = _run(Controlled(2, 0.5, keep_busy=False), 4, 2, 1, LogNormal(0.5), updates=12)
-    versions_used = {(r.version, int(v)) for r in report.records for v in r.cohort.versions}
-    assert all(t - v in (0, 2) for t, v in versions_used)
+    """One slot: t moves on before a version got its stale members, so they are dispatched at that version,
+    which the coordinator lists as live (the rollout driver still holds its θ)."""
+    coord = Coordinator(CoordinatorConfig(4, 2), Controlled(2, 0.5, keep_busy=False))
+    dispatched, plain = [], coord.dispatch
+
+    def checked(version):
+        assert version in coord.live_versions()
+        dispatched.append((coord.version, version))
+        return plain(version)
+
+    coord.dispatch = checked
+    report = simulate(coord, workers=1, durations=LogNormal(0.5), updates=12, fitness=_Fitness(0, 0.0))
+    check_common(report, coord)
+    assert any(v < t for t, v in dispatched)  # some members were dispatched at an older version
     assert coord.totals()["discarded"] == 0  # quota-only dispatch wastes nothing
+    assert coord.live_versions() == [coord.version - 2, coord.version - 1, coord.version]
 
 
 def test_async_discards_are_counted_with_their_time():

@@ -112,7 +112,7 @@ class CoordinatorState:
             dispatched=int(data["dispatched"]),
             completed=int(data["completed"]),
             accepted=int(data["accepted"]),
-            discarded={str(k): int(v) for k, v in data["discarded"].items()},
+            discarded={**dict.fromkeys(DISCARD_REASONS, 0), **{str(k): int(v) for k, v in data["discarded"].items()}},
             wasted_time=float(data["wasted_time"]),
             accepted_time=float(data["accepted_time"]),
             lag_hist=[int(x) for x in data["lag_hist"]],
@@ -187,8 +187,11 @@ class Coordinator:
         return len(self.state.in_flight)
 
     def live_versions(self) -> list[int]:
-        """Versions whose θ a rollout driver must keep: the current one and those of in-flight jobs."""
-        return sorted({self.state.version, *self._inflight_by_version.keys()})
+        """Versions whose θ a rollout driver must keep: those of in-flight jobs and those the schedule may
+        still dispatch at (t − ``schedule.dispatch_window`` … t; K when a schedule does not say)."""
+        t = self.state.version
+        window = min(int(getattr(self.schedule, "dispatch_window", self.config.max_lag)), self.config.max_lag)
+        return sorted({*range(max(0, t - window), t + 1), *self._inflight_by_version.keys()})
 
     def task_batch(self, version: int) -> TaskBatch:
         batch = self._task_cache.get(version)

@@ -51,9 +51,13 @@ _TAG_EXTREME = 0xE7A6
 
 
 class Schedule(Protocol):
-    """What the coordinator asks a schedule (see the module docstring)."""
+    """What the coordinator asks a schedule (see the module docstring).
+
+    ``dispatch_window``: how many versions back it may dispatch (the rollout driver keeps θ of t − window … t).
+    """
 
     name: str
+    dispatch_window: int
 
     def validate(self, config: CoordinatorConfig) -> None:
         """Raise ValueError if this schedule cannot run under ``config`` (e.g. its lag exceeds K)."""
@@ -79,6 +83,7 @@ class Sync:
     """
 
     name: ClassVar[str] = "sync"
+    dispatch_window: ClassVar[int] = 0
 
     def validate(self, config: CoordinatorConfig) -> None:
         pass
@@ -98,6 +103,7 @@ class Async:
     as they finish while their lag is ≤ K (the coordinator discards the rest). Over-dispatches freely."""
 
     name: ClassVar[str] = "async"
+    dispatch_window: ClassVar[int] = 0
 
     def validate(self, config: CoordinatorConfig) -> None:
         pass
@@ -128,6 +134,10 @@ class Controlled:
     @property
     def name(self) -> str:
         return "controlled"
+
+    @property
+    def dispatch_window(self) -> int:
+        return self.lag  # members owed to a stale quota may be dispatched at t - k ... t - 1
 
     def __post_init__(self) -> None:
         if self.lag < 0:
@@ -206,6 +216,7 @@ class ExtremeLag:
     max_lag: int = 32
 
     name: ClassVar[str] = "extreme_lag"
+    dispatch_window: ClassVar[int] = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.fraction < 1.0:
