@@ -225,6 +225,7 @@ def simulate(coordinator: Coordinator, *, workers: int, durations: Durations, up
     update_times: list[float] = []
     records: list[UpdateRecord] = []
     start_version = coord.version
+    accepted_before, wasted_before = coord.state.accepted_time, coord.state.wasted_time
 
     def start(jobs: list[Job], now: float) -> None:
         values = np.asarray(fitness(jobs), np.float64)
@@ -269,6 +270,6 @@ def simulate(coordinator: Coordinator, *, workers: int, durations: Durations, up
     return SimReport(
         schedule=coord.schedule.name, workers=workers, population=n, max_lag=coord.max_lag,
         updates=coord.version - start_version, wall_clock=wall, busy_time=busy,
-        useful_time=totals["accepted_time"], wasted_time=totals["wasted_time"],
+        useful_time=totals["accepted_time"] - accepted_before, wasted_time=totals["wasted_time"] - wasted_before,
         update_times=np.asarray(update_times[: updates], np.float64), totals=totals, records=records,
     )
