@@ -1,0 +1,50 @@
+"""WebShop-compatible text environment: WebShop's pages, actions and reward, with in-process BM25
+search and no Java, Flask, spaCy or network. Imports nothing from ``esjax``.
+
+Typical use::
+
+    from envs.webshop_bridge import load_webshop, synthetic_shop, WebShopTextEnv, EnvPool
+
+    shop = load_webshop("../shared/webshop_small")        # or synthetic_shop(300, seed=0)
+    env = WebShopTextEnv(shop)
+    obs, info = env.reset(shop.split("test")[0])
+    obs, reward, done, info = env.step(f"search[{env.instruction}]")
+"""
+
+from .catalog import Catalog, ListCatalog
+from .data import Product, load_attribute_file, load_human_instructions, load_processed_jsonl, load_raw_products
+from .env import WebShopTextEnv, parse_action
+from .errors import DataError
+from .fuzzy import fuzzy_match, token_set_ratio
+from .goals import Goal, make_splits
+from .normalize import COLOR_SET, normalize_color
+from .official import OfficialWebShopEnv, official_available
+from .pages import SEP, Page
+from .policies import (
+    DEFAULT_MAX_STEPS,
+    Episode,
+    EvalResult,
+    OraclePolicy,
+    Policy,
+    RandomPolicy,
+    evaluate,
+    oracle_actions,
+    page_kind,
+    rollout,
+    summarize,
+)
+from .pool import EnvPool, ProcessEnvPool
+from .reward import RewardInfo, compute_reward
+from .search import SearchEngine, analyze
+from .shop import Shop, ShopSpec, get_shop, load_webshop
+from .synthetic import SyntheticCatalog, SyntheticGoals, synthetic_shop
+
+__all__ = [
+    "COLOR_SET", "DEFAULT_MAX_STEPS", "SEP", "Catalog", "DataError", "EnvPool", "Episode", "EvalResult", "Goal",
+    "ListCatalog", "OfficialWebShopEnv", "OraclePolicy", "Page", "Policy", "ProcessEnvPool", "Product",
+    "RandomPolicy", "RewardInfo", "SearchEngine", "Shop", "ShopSpec", "SyntheticCatalog", "SyntheticGoals",
+    "WebShopTextEnv", "analyze", "compute_reward", "evaluate", "fuzzy_match", "get_shop", "load_attribute_file",
+    "load_human_instructions", "load_processed_jsonl", "load_raw_products", "load_webshop", "make_splits",
+    "normalize_color", "official_available", "oracle_actions", "page_kind", "parse_action", "rollout", "summarize",
+    "synthetic_shop", "token_set_ratio",
+]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from .data import Product
-from .search import ANALYZER_VERSION, B, K1, SearchEngine
+from .search import ANALYZER_VERSION, K1, B, SearchEngine
 
 FILTER_FIELDS = ("category", "query", "attribute")
 

@@ -263,6 +263,16 @@ def _product_from_processed(obj: Mapping, attributes: Mapping[str, Mapping] | No
     return product, contents
 
 
+def _numbered_lines(f, file: str):
+    """Lines with 1-based numbers; undecodable bytes become a DataError naming the file."""
+    lineno = 0
+    try:
+        for lineno, line in enumerate(f, start=1):  # noqa: B007 - lineno is read in the except
+            yield lineno, line
+    except UnicodeDecodeError as e:
+        raise DataError(file, f"not UTF-8 text ({e})", record=f"line {lineno + 1}") from None
+
+
 def load_processed_jsonl(path: str | os.PathLike, attributes: Mapping[str, Mapping] | None = None,
                          num_products: int | None = None) -> tuple[list[Product], list[str]]:
     """Processed JSONL (``{"id", "contents", "product"}`` a line) -> (products, index texts).
@@ -274,13 +284,13 @@ def load_processed_jsonl(path: str | os.PathLike, attributes: Mapping[str, Mappi
     texts: list[str] = []
     seen: set[str] = set()
     try:
-        f = open(path, encoding="utf-8")
+        f = open(path, encoding="utf-8")  # noqa: SIM115 - closed by the with below; open errors named here
     except FileNotFoundError:
         raise DataError(file, "file not found") from None
     except OSError as e:
         raise DataError(file, f"cannot read ({e})") from None
     with f:
-        for lineno, line in enumerate(f, start=1):
+        for lineno, line in _numbered_lines(f, file):
             if num_products is not None and lineno > num_products:
                 break
             if not line.strip():

@@ -22,7 +22,7 @@ COLOR_SET: tuple[str, ...] = tuple(
     nude olive orange peach pewter pink plum purple rainbow red rose royal rust sand sapphire seashell
     silver skull slate steel stone stonewash sunflower tan taupe teal tiger turquoise violet walnut
     wheat white wine yellow
-    """.split()
+    """.split()  # noqa: SIM905
 )
 
 DEFAULT_PRICE = 100.0

@@ -28,14 +28,14 @@ _FUNCTION_WORDS = frozenset(
     during before after about against along around across behind beyond near off out up down per via
     plus minus is are was were be been being am do does did have has had can could will would shall
     should may might must not very too also just only more most less least much many few lot lots
-    """.split()
+    """.split()  # noqa: SIM905
 )
 _TITLE_ADJECTIVES = frozenset(
     """
     new best premium high low great good large small big mini extra super ultra professional portable
     natural organic original classic modern cute soft hard heavy light lightweight durable compatible
     adjustable waterproof non free fresh pure real easy quick fast long short wide full half
-    """.split()
+    """.split()  # noqa: SIM905
 )
 _ALPHA = re.compile(r"[^\W\d_]+", re.UNICODE)
 

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -33,10 +34,11 @@ K1, B = 0.9, 0.4
 ANALYZER_VERSION = "lucene-en-porter-1"
 DISK_CACHE_MIN_DOCS = 50_000
 
-LUCENE_STOP_WORDS = frozenset(
-    "a an and are as at be but by for if in into is it no not of on or such that the their then there "
-    "these they this to was will with".split()
-)
+LUCENE_STOP_WORDS = frozenset((  # Lucene's EnglishAnalyzer stop set
+    "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is", "it", "no", "not",
+    "of", "on", "or", "such", "that", "the", "their", "then", "there", "these", "they", "this", "to", "was",
+    "will", "with",
+))
 _TOKEN = re.compile(r"[^\W_]+(?:(?:[.'](?=[^\W_])|(?<=\d),(?=\d))[^\W_]+)*")
 
 
@@ -87,22 +89,47 @@ class SearchEngine:
     @classmethod
     def from_postings(cls, doc_ids: np.ndarray, term_ids: np.ndarray, vocab: dict[str, int],
                       num_docs: int) -> SearchEngine:
-        """Index from one (document, term) entry per token occurrence — the vectorized builder."""
-        n_vocab = len(vocab)
+        """Index from one (document, term) entry per token occurrence."""
         doc_ids = np.asarray(doc_ids, dtype=np.int64)
-        doc_len = np.bincount(doc_ids, minlength=num_docs).astype(np.float64)
+        n = max(num_docs, 1)
+        keys, tf = np.unique(np.asarray(term_ids, dtype=np.int64) * n + doc_ids, return_counts=True)
+        doc_len = np.bincount(doc_ids, minlength=num_docs)
+        return cls.from_term_counts(keys % n, keys // n, tf, doc_len, vocab)
+
+    @classmethod
+    def from_term_counts(cls, post_doc: np.ndarray, post_term: np.ndarray, tf: np.ndarray,
+                         doc_len: np.ndarray, vocab: dict[str, int]) -> SearchEngine:
+        """Index from unique (document, term, count) triples in any order."""
+        order = np.lexsort((np.asarray(post_doc), np.asarray(post_term)))
+        df = np.bincount(np.asarray(post_term)[order], minlength=len(vocab))
+        return cls.from_csc(np.asarray(post_doc)[order], np.asarray(tf)[order], df, doc_len, vocab)
+
+    @classmethod
+    def from_csc(cls, post_doc: np.ndarray, tf: np.ndarray, df: np.ndarray, doc_len: np.ndarray,
+                 vocab: dict[str, int]) -> SearchEngine:
+        """Index from postings already in bm25s's CSC order (term-major, documents ascending).
+
+        ``post_doc``/``tf``: one entry per (term, document) pair; ``df[t]``: the number of entries of term
+        ``t``. Weights are Lucene's BM25, idf * tf / (tf + k1 * (1 - b + b * len / avg_len)) with
+        idf = ln(1 + (N - df + 0.5) / (df + 0.5)), computed in blocks to bound memory.
+        """
+        num_docs = len(doc_len)
+        n_vocab = len(vocab)
+        df = np.asarray(df, dtype=np.int64)
+        doc_len = np.asarray(doc_len, dtype=np.float32)
         avg_len = float(doc_len.mean()) if num_docs else 0.0
-        keys, tf = np.unique(np.asarray(term_ids, dtype=np.int64) * max(num_docs, 1) + doc_ids, return_counts=True)
-        post_term = keys // max(num_docs, 1)
-        post_doc = (keys - post_term * max(num_docs, 1)).astype(np.int32)
-        del keys
-        df = np.bincount(post_term, minlength=n_vocab)
-        idf = np.log1p((num_docs - df + 0.5) / (df + 0.5))
-        tf = tf.astype(np.float64)
-        norm = K1 * ((1 - B) + B * doc_len[post_doc] / max(avg_len, 1e-12))
-        data = (idf[post_term] * (tf / (norm + tf))).astype(np.float32)
+        norm_by_doc = (K1 * ((1 - B) + B * doc_len / max(avg_len, 1e-12))).astype(np.float32)
+        idf = np.log1p((num_docs - df + 0.5) / (df + 0.5)).astype(np.float32)
         indptr = np.zeros(n_vocab + 1, dtype=np.int64)
         np.cumsum(df, out=indptr[1:])
+        post_doc = np.asarray(post_doc, dtype=np.int32)
+        data = np.empty(len(post_doc), dtype=np.float32)
+        block = 1 << 22
+        for lo in range(0, len(post_doc), block):
+            hi = min(lo + block, len(post_doc))
+            term = np.searchsorted(indptr, np.arange(lo, hi), side="right") - 1
+            f = np.asarray(tf[lo:hi], dtype=np.float32)
+            data[lo:hi] = idf[term] * (f / (norm_by_doc[post_doc[lo:hi]] + f))
         retriever = bm25s.BM25(k1=K1, b=B, method="lucene")
         retriever.scores = {"data": data, "indices": post_doc, "indptr": indptr, "num_docs": int(num_docs)}
         retriever.vocab_dict = dict(vocab)
@@ -182,10 +209,8 @@ def get_engine(key: str, build, num_docs: int, cache_dir: str | os.PathLike | No
         if engine is None:
             engine = build()
             if directory is not None:
-                try:
+                with contextlib.suppress(OSError):  # a read-only cache location just means no caching
                     engine.save(directory)
-                except OSError:
-                    pass  # read-only cache locations just mean no caching
         _ENGINES[key] = engine
         return engine
 

@@ -93,9 +93,7 @@ _STEP4 = _longest_first(_STEP4)
 
 
 def _step1(w: str) -> str:
-    if w.endswith("sses"):
-        w = w[:-2]
-    elif w.endswith("ies"):
+    if w.endswith(("sses", "ies")):
         w = w[:-2]
     elif w.endswith("ss"):
         pass
