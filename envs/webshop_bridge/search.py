@@ -19,15 +19,42 @@ import contextlib
 import os
 import re
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-import bm25s
 import numpy as np
 
 from .stemmer import porter_stem
+
+
+def _import_bm25s():
+    """Import bm25s without JAX.
+
+    When JAX is installed, bm25s imports it at import time and runs a ``top_k`` to probe the backend
+    (seconds per process, and it initializes XLA in env worker processes). We never use that path, so
+    unless JAX is already loaded, JAX is hidden for the duration of the import.
+    """
+    if "bm25s" in sys.modules or "jax" in sys.modules:
+        import bm25s
+
+        return bm25s
+    hidden = {name: sys.modules.get(name) for name in ("jax", "jax.lax")}
+    sys.modules.update(dict.fromkeys(hidden))  # a None entry makes `import jax` raise ImportError
+    try:
+        import bm25s
+    finally:
+        for name, module in hidden.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+    return bm25s
+
+
+bm25s = _import_bm25s()
 
 SEARCH_RETURN_N = 50
 K1, B = 0.9, 0.4
