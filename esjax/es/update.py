@@ -1,0 +1,361 @@
+"""The ES update: a cohort ``(versions[N], indices[N], fitness[N])`` -> new parameters, version + 1.
+
+Fitness is MAXIMIZED. The public API (functional, optax-style; ``config`` is static, everything else traced)::
+
+    config = ESConfig(noise=NoiseSpec(seed=0, mode="lowrank", rank=1), sigma=1.5e-3, learning_rate=7.5e-4)
+    state = init(config, params)                                  # ESState(params, opt_state, version, anchor)
+    state, metrics = update(config, state, versions, indices, fitness)   # jitted
+    grad = es_gradient(config, params, versions, indices, weights)       # g = c · Σ w_i s_i ε_i
+
+or, evosax-style, ``es = ES(config); state = es.init(params); state, metrics = es.update(state, cohort)``
+where ``cohort`` has ``.versions``, ``.indices``, ``.fitness`` (e.g. :class:`esjax.loop.types.Cohort`).
+
+What one update does:
+
+1. **Shaping** (:mod:`esjax.es.shaping`): members with NaN/inf fitness are dropped (weight 0, excluded from
+   the statistics, counted in ``metrics['n_dropped']``); the rest get weights ``w_i``.
+2. **Gradient** ``g = Σ_i c_i w_i s_i ε_i`` over the ``n`` valid members, with ``c_i = 1/(n σ_{v_i})``
+   (``scale='nes'``; each member divided by the σ it was evaluated with) or ``c_i = 1/n``
+   (``scale='llm'``, the published LLM-ES convention: σ is folded into the learning rate). ``ε_i`` is the
+   member's own noise from :mod:`esjax.es.noise` regenerated at its own version ``v_i`` (stale members
+   keep their noise; no off-policy correction). Leaves outside the scope get zero gradient.
+3. **Step**: the optimizer (``optax.sgd(learning_rate)`` by default) receives the descent direction
+   ``-g + weight_decay·θ + anchor_decay·(θ − θ_0)`` (L2-style decays, as in OpenAI-ES; only on in-scope
+   leaves), so plain SGD gives ``θ ← θ + lr·(g − wd·θ − ad·(θ − θ_0))``.
+
+Memory is O(params), independent of N. Members are first merged by noise draw: the two antithetic
+partners ``(v, 2j)``, ``(v, 2j+1)`` (and any duplicate) share one draw ``(v, j)`` whose combined coefficient
+is ``Σ c_i w_i s_i``; draws with a zero coefficient (e.g. partners with tied fitness) are moved to the end.
+The draws are then accumulated in chunks of ``chunk_size`` with ``lax.scan``; an all-zero chunk is skipped
+with ``lax.cond``, so each noise tensor is generated once per distinct draw. Dense leaves add
+``tensordot(coef, ε)``; low-rank leaves add one einsum ``Σ_c coef_c A_c B_cᵀ/√r`` per chunk (a single
+einsum per leaf when the chunk covers the cohort, the low-rank default). The compiled program depends
+only on N, the parameter shapes and the (static) config — never on the values of versions or indices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from esjax.es import shaping as shaping_lib
+from esjax.es.noise import NoiseSpec, pair_noise, path_str
+from esjax.es.schedules import Schedule, as_schedule
+
+PyTree = Any
+Scale = Literal["nes", "llm"]
+
+DEFAULT_CHUNK = {"full": 1, "lowrank": 256}
+
+
+@dataclasses.dataclass(frozen=True)
+class ESConfig:
+    """Static description of the update (hashable: a jit static argument).
+
+    Attributes:
+      noise: the run's :class:`~esjax.es.noise.NoiseSpec` (seed, mode, rank, antithetic, scope).
+      sigma: noise scale σ, a float or a schedule of the version (:mod:`esjax.es.schedules`).
+      learning_rate: step size α (float or optax schedule) of the default SGD optimizer.
+      scale: ``'llm'`` (``c = 1/N``, σ folded into α) or ``'nes'`` (``c = 1/(Nσ)``).
+      shaping: ``'centered_ranks'`` (default), ``'z_score'``, ``'raw'``, a ``fn(fitness, valid)``, or any
+        evosax fitness-shaping function (negated automatically: evosax minimizes).
+      optimizer: any optax transformation; ``None`` means ``optax.sgd(learning_rate)``.
+      weight_decay: L2 coefficient toward 0 added to the descent direction.
+      anchor_decay: L2 coefficient toward the initial parameters θ_0 (kept in ``ESState.anchor``).
+      chunk_size: distinct noise draws generated together; ``None``: 1 (full) / 256 (low-rank). Peak extra
+        memory is about ``chunk_size`` × the largest dense leaf (full) or ``chunk_size·(m+n)·r`` (low-rank).
+    """
+
+    noise: NoiseSpec = NoiseSpec()
+    sigma: float | Schedule = 1e-3
+    learning_rate: float | Callable[[Any], Any] = 1e-3
+    scale: Scale = "llm"
+    shaping: str | Callable[..., Any] = "centered_ranks"
+    optimizer: optax.GradientTransformation | None = None
+    weight_decay: float = 0.0
+    anchor_decay: float = 0.0
+    chunk_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.noise, NoiseSpec):
+            raise TypeError(f"ESConfig.noise must be a NoiseSpec, got {type(self.noise).__name__}")
+        if self.scale not in ("nes", "llm"):
+            raise ValueError(f"ESConfig.scale must be 'nes' or 'llm', got {self.scale!r}")
+        as_schedule(self.sigma)  # validates a float sigma
+        shaping_lib.get_shaping(self.shaping)  # validates the name
+        if self.weight_decay < 0 or self.anchor_decay < 0:
+            raise ValueError("ESConfig.weight_decay and anchor_decay must be >= 0, got "
+                             f"{self.weight_decay} and {self.anchor_decay}")
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise ValueError(f"ESConfig.chunk_size must be >= 1 or None, got {self.chunk_size}")
+
+    def sigma_at(self, version) -> jax.Array:
+        """σ of members dispatched at ``version`` (array or scalar, traced or concrete)."""
+        return jnp.asarray(as_schedule(self.sigma)(jnp.asarray(version, jnp.int32)), jnp.float32)
+
+    def get_optimizer(self) -> optax.GradientTransformation:
+        return self.optimizer if self.optimizer is not None else optax.sgd(self.learning_rate)
+
+    def get_chunk_size(self, n: int) -> int:
+        chunk = self.chunk_size or DEFAULT_CHUNK[self.noise.mode]
+        return max(1, min(chunk, n))
+
+
+class ESState(NamedTuple):
+    """Parameters θ_t, optimizer state, version ``t`` (int32 scalar) and θ_0 (``None`` without anchor decay)."""
+
+    params: PyTree
+    opt_state: optax.OptState
+    version: jax.Array
+    anchor: PyTree | None = None
+
+
+def init(config: ESConfig, params: PyTree, version: int = 0) -> ESState:
+    """Initial state at ``version`` (0 for a fresh run). Keeps θ_0 only if ``anchor_decay > 0``."""
+    anchor = jax.tree_util.tree_map(jnp.array, params) if config.anchor_decay > 0 else None
+    return ESState(params, config.get_optimizer().init(params), jnp.asarray(version, jnp.int32), anchor)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Σ coef_i s_i ε_i with O(params) memory
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _scoped_leaves(spec: NoiseSpec, params: PyTree) -> tuple[list[tuple[str, Any]], list[bool], Any]:
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+    leaves = [(path_str(kp), leaf) for kp, leaf in flat]
+    in_scope = [spec.scope.contains(path, leaf) for path, leaf in leaves]
+    return leaves, in_scope, treedef
+
+
+def merge_draws(spec: NoiseSpec, versions: jax.Array, indices: jax.Array, coefs: jax.Array):
+    """Merge members by noise draw: ``(draw_versions[N], draw_pairs[N], draw_coefs[N])``.
+
+    Each distinct ``(version, pair)`` appears once with coefficient ``Σ coef_i s_i`` of its members; draws
+    with a zero coefficient (and the padding) come last. Traced-shape-only: works under jit.
+    """
+    n = versions.shape[0]
+    pairs, signs = spec.pair_and_sign(indices)
+    signed = coefs.astype(jnp.float32) * signs
+    order = jnp.lexsort((pairs, versions))
+    v_s, p_s, c_s = versions[order], pairs[order], signed[order]
+    starts = jnp.concatenate([jnp.ones((1,), bool), (v_s[1:] != v_s[:-1]) | (p_s[1:] != p_s[:-1])])
+    segment = jnp.cumsum(starts.astype(jnp.int32)) - 1
+    merged = jax.ops.segment_sum(c_s, segment, num_segments=n)
+    first = jnp.nonzero(starts, size=n, fill_value=0)[0]
+    d_v, d_p = v_s[first], p_s[first]
+    live = jnp.argsort(merged == 0, stable=True)
+    return d_v[live], d_p[live], merged[live]
+
+
+def _chunk_sum(spec: NoiseSpec, path: str, shape: tuple[int, ...], v, p, c) -> jax.Array:
+    draws = jax.vmap(lambda vv, pp: pair_noise(spec, path, shape, vv, pp, jnp.float32))(v, p)
+    if spec.is_lowrank_leaf(shape):
+        a, b = draws
+        a = a * c.reshape((-1,) + (1,) * (a.ndim - 1))
+        return jnp.einsum("c...mr,c...nr->...mn", a, b) / math.sqrt(spec.rank)
+    return jnp.tensordot(c, draws, axes=1)
+
+
+def weighted_noise_sum(spec: NoiseSpec, params: PyTree, versions, indices, coefs,
+                       chunk_size: int | None = None) -> PyTree:
+    """``Σ_i coef_i · s_i ε_i`` as a float32 tree like ``params`` (zeros outside the scope).
+
+    ``ε_i`` is exactly what :func:`~esjax.es.noise.member_noise` gives member ``(versions[i], indices[i])``
+    (low-rank product for ≥2-axis leaves in low-rank mode, dense otherwise). See the module docstring for
+    how draws are shared and chunked.
+    """
+    versions = jnp.asarray(versions, jnp.int32).reshape(-1)
+    indices = jnp.asarray(indices, jnp.int32).reshape(-1)
+    coefs = jnp.asarray(coefs, jnp.float32).reshape(-1)
+    n = versions.shape[0]
+    leaves, in_scope, treedef = _scoped_leaves(spec, params)
+    # Accumulators start from the parameters (θ·0) so sharding propagation places the gradient like θ.
+    acc0 = [leaf.astype(jnp.float32) * 0.0 for (_, leaf), s in zip(leaves, in_scope) if s]
+    scoped = [(path, tuple(leaf.shape)) for (path, leaf), s in zip(leaves, in_scope) if s]
+    if scoped and n:
+        chunk = max(1, min(chunk_size or DEFAULT_CHUNK[spec.mode], n))
+        d_v, d_p, d_c = merge_draws(spec, versions, indices, coefs)
+        pad = (-n) % chunk
+        if pad:
+            d_v, d_p = (jnp.concatenate([x, jnp.zeros((pad,), jnp.int32)]) for x in (d_v, d_p))
+            d_c = jnp.concatenate([d_c, jnp.zeros((pad,), jnp.float32)])
+        xs = tuple(x.reshape(-1, chunk) for x in (d_v, d_p, d_c))
+
+        def add(acc, v, p, c):
+            return [a + _chunk_sum(spec, path, shape, v, p, c) for a, (path, shape) in zip(acc, scoped)]
+
+        def body(acc, x):
+            v, p, c = x
+            return jax.lax.cond(jnp.any(c != 0), lambda a: add(a, v, p, c), lambda a: a, acc), None
+
+        if xs[0].shape[0] == 1:
+            acc0, _ = body(acc0, tuple(x[0] for x in xs))
+        else:
+            acc0, _ = jax.lax.scan(body, acc0, xs)
+    it = iter(acc0)
+    out = [next(it) if s else jnp.zeros(jnp.shape(leaf), _grad_dtype(leaf)) for (_, leaf), s in zip(leaves, in_scope)]
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _grad_dtype(leaf: Any):
+    dtype = getattr(leaf, "dtype", jnp.float32)
+    return jnp.float32 if jnp.issubdtype(dtype, jnp.floating) else dtype
+
+
+def member_coefficients(config: ESConfig, versions, weights, valid=None) -> jax.Array:
+    """``c_i w_i``: ``w_i / n`` (llm) or ``w_i / (n σ_{v_i})`` (nes), ``n`` = number of valid members."""
+    weights = jnp.asarray(weights, jnp.float32).reshape(-1)
+    if valid is None:
+        n = jnp.float32(weights.shape[0])
+    else:
+        valid = jnp.asarray(valid, bool).reshape(-1)
+        weights = jnp.where(valid, weights, 0.0)
+        n = jnp.sum(valid.astype(jnp.float32))
+    coefs = weights / jnp.maximum(n, 1.0)
+    if config.scale == "nes":
+        coefs = coefs / config.sigma_at(versions)
+    return coefs
+
+
+def es_gradient(config: ESConfig, params: PyTree, versions, indices, weights, valid=None) -> PyTree:
+    """Ascent direction ``g = Σ_i c_i w_i s_i ε_i`` (float32 tree like ``params``; 0 outside the scope).
+
+    ``weights`` are shaped fitness ("larger = better"); ``valid`` (default: all) sets ``n`` in ``c``.
+    """
+    coefs = member_coefficients(config, versions, weights, valid)
+    return weighted_noise_sum(config.noise, params, versions, indices, coefs, config.chunk_size)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The update
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _check_cohort(versions, indices, fitness) -> None:
+    shapes = {"versions": np.shape(versions), "indices": np.shape(indices), "fitness": np.shape(fitness)}
+    for name, s in shapes.items():
+        if len(s) != 1:
+            raise ValueError(f"ES update: {name} must be a 1-D array [N], got shape {s}")
+    if len({s[0] for s in shapes.values()}) != 1:
+        raise ValueError(f"ES update: versions, indices and fitness must have the same length N, got {shapes}")
+    if shapes["fitness"][0] == 0:
+        raise ValueError("ES update: the cohort is empty (N = 0)")
+
+
+def _update(config: ESConfig, state: ESState, versions, indices, fitness) -> tuple[ESState, dict[str, jax.Array]]:
+    _check_cohort(versions, indices, fitness)
+    versions = jnp.asarray(versions, jnp.int32)
+    indices = jnp.asarray(indices, jnp.int32)
+    fitness = jnp.asarray(fitness, jnp.float32)
+    weights, valid = shaping_lib.shape(fitness, config.shaping)
+    n_valid = jnp.sum(valid.astype(jnp.int32))
+    coefs = member_coefficients(config, versions, weights, valid)
+    grad = weighted_noise_sum(config.noise, state.params, versions, indices, coefs, config.chunk_size)
+
+    leaves, in_scope, treedef = _scoped_leaves(config.noise, state.params)
+    anchors = jax.tree_util.tree_leaves(state.anchor) if state.anchor is not None else [None] * len(leaves)
+    descent = []
+    for (_, theta), g, theta0, scoped in zip(leaves, jax.tree_util.tree_leaves(grad), anchors, in_scope):
+        d = -g
+        if scoped and config.weight_decay:
+            d = d + config.weight_decay * theta.astype(jnp.float32)
+        if scoped and config.anchor_decay and theta0 is not None:
+            d = d + config.anchor_decay * (theta.astype(jnp.float32) - theta0.astype(jnp.float32))
+        descent.append(d)
+    descent = jax.tree_util.tree_unflatten(treedef, descent)
+    updates, opt_state = config.get_optimizer().update(descent, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+
+    _, _, draw_coefs = merge_draws(config.noise, versions, indices, coefs)
+    finite = jnp.where(valid, fitness, 0.0)
+    nv = jnp.maximum(n_valid, 1).astype(jnp.float32)
+    mean = jnp.sum(finite) / nv
+    nan = jnp.float32(jnp.nan)
+    lags = (state.version - versions).astype(jnp.float32)
+    metrics = {
+        "version": state.version + 1,
+        "n_valid": n_valid,
+        "n_dropped": fitness.shape[0] - n_valid,
+        "noise_draws": jnp.sum(draw_coefs != 0),
+        "sigma": config.sigma_at(state.version),
+        "grad_norm": optax.global_norm(grad),
+        "update_norm": optax.global_norm(updates),
+        "fitness_mean": jnp.where(n_valid > 0, mean, nan),
+        "fitness_std": jnp.where(n_valid > 0, jnp.sqrt(jnp.sum(jnp.where(valid, (finite - mean) ** 2, 0.0)) / nv), nan),
+        "fitness_max": jnp.where(n_valid > 0, jnp.max(jnp.where(valid, fitness, -jnp.inf)), nan),
+        "fitness_min": jnp.where(n_valid > 0, jnp.min(jnp.where(valid, fitness, jnp.inf)), nan),
+        "lag_mean": jnp.mean(lags),
+        "lag_max": jnp.max(lags),
+    }
+    return ESState(params, opt_state, state.version + 1, state.anchor), metrics
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def update(config: ESConfig, state: ESState, versions, indices, fitness) -> tuple[ESState, dict[str, jax.Array]]:
+    """Apply one ES update (jitted; ``config`` static). Fitness is maximized.
+
+    Args:
+      config: the :class:`ESConfig`.
+      state: current :class:`ESState` at version ``t``.
+      versions, indices: ``[N]`` member ids ``(v_i, i)`` (any ``v_i ≤ t``; stale members use their own noise).
+      fitness: ``[N]`` raw fitness; NaN/inf members are dropped and counted.
+
+    Returns:
+      ``(new_state, metrics)`` with ``new_state.version = t + 1`` and metrics ``version, n_valid, n_dropped,
+      noise_draws, sigma, grad_norm, update_norm, fitness_mean/std/max/min, lag_mean, lag_max``.
+    """
+    return _update(config, state, versions, indices, fitness)
+
+
+class ES:
+    """Object wrapper (evosax-like) around :func:`init` / :func:`update` for one :class:`ESConfig`.
+
+    ``es = ES(config); state = es.init(params); state, metrics = es.update(state, cohort)``.
+    """
+
+    def __init__(self, config: ESConfig):
+        if not isinstance(config, ESConfig):
+            raise TypeError(f"ES expects an ESConfig, got {type(config).__name__}")
+        self.config = config
+
+    def init(self, params: PyTree, version: int = 0) -> ESState:
+        return init(self.config, params, version)
+
+    def sigma(self, version) -> jax.Array:
+        """σ of members dispatched at ``version``."""
+        return self.config.sigma_at(version)
+
+    def update(self, state: ESState, cohort: Any = None, *, versions=None, indices=None,
+               fitness=None) -> tuple[ESState, dict[str, jax.Array]]:
+        """One update from a cohort object (``.versions``, ``.indices``, ``.fitness``; optional ``.version``
+        checked against ``state.version``) or from the three arrays as keywords."""
+        if cohort is not None:
+            versions, indices, fitness = cohort.versions, cohort.indices, cohort.fitness
+            expected = getattr(cohort, "version", None)
+            if expected is not None and int(expected) != int(state.version):
+                raise ValueError(f"ES.update: the cohort is for version {int(expected)} but the state is at "
+                                 f"version {int(state.version)}")
+        if versions is None or indices is None or fitness is None:
+            raise ValueError("ES.update needs a cohort or versions=, indices= and fitness=")
+        versions, indices = np.asarray(versions), np.asarray(indices)
+        if versions.size and (versions.min() < 0 or indices.min() < 0):
+            raise ValueError("ES.update: versions and indices must be >= 0")
+        if versions.size and versions.max() > int(state.version):
+            raise ValueError(f"ES.update: a member's version {int(versions.max())} is ahead of the state "
+                             f"(version {int(state.version)})")
+        return update(self.config, state, versions.astype(np.int32), indices.astype(np.int32),
+                      np.asarray(fitness, np.float32))
+
+    def gradient(self, params: PyTree, versions, indices, fitness) -> PyTree:
+        """The ascent direction the update would use for this cohort (shaping included)."""
+        weights, valid = shaping_lib.shape(jnp.asarray(fitness, jnp.float32), self.config.shaping)
+        return es_gradient(self.config, params, versions, indices, weights, valid)
