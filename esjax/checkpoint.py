@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,21 +54,25 @@ class Checkpointer:
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
 
-    def restore_latest(self, es_state_like: PyTree) -> tuple[int, PyTree, dict[str, Any]]:
-        """Restore the newest readable checkpoint into the structure and shardings of ``es_state_like``."""
-        target = _abstract(es_state_like)
+    def restore_latest(self, target: Callable[[dict[str, Any]], PyTree]) -> tuple[int, PyTree, dict[str, Any]]:
+        """Restore the newest readable checkpoint.
+
+        ``target(loop_state)`` returns an example ES-state tree (its structure and shardings are what the
+        arrays are restored into); it sees the loop state first because that says which versions were saved.
+        """
         steps = self.steps()
         if not steps:
             raise CheckpointError(f"{self.directory}: no checkpoints to resume from")
         for step in reversed(steps):
             try:
-                restored = self.manager.restore(step, args=ocp.args.Composite(
-                    es=ocp.args.StandardRestore(target), loop=ocp.args.JsonRestore()))
-                return step, restored["es"], dict(restored["loop"])
+                loop = self.manager.restore(step, args=ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"]
+                example = _abstract(target(dict(loop)))
+                es = self.manager.restore(step, args=ocp.args.Composite(es=ocp.args.StandardRestore(example)))["es"]
+                return step, es, dict(loop)
             except Exception as err:  # noqa: BLE001 - any unreadable step falls back to an older one
+                first_line = str(err).splitlines()[0][:200] if str(err) else ""
                 message = (f"checkpoint {self.directory / str(step)} could not be restored "
-                           f"({err.__class__.__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}); "
-                           "falling back to the previous checkpoint")
+                           f"({err.__class__.__name__}: {first_line}); falling back to the previous checkpoint")
                 warnings.warn(message, RuntimeWarning, stacklevel=2)
                 log.warning(message)
         raise CheckpointError(f"{self.directory}: none of the checkpoints {steps} could be restored")

@@ -72,7 +72,7 @@ class ESSection(_Section):
     sigma_schedule: Literal["constant", "linear", "cosine"] = "constant"
     learning_rate: float = Field(0.01, gt=0)
     scale: Literal["nes", "llm"] = Field("nes", description="nes: 1/(N sigma); llm: 1/N, sigma folded into lr")
-    shaping: Literal["centered_ranks", "zscore", "raw"] = "centered_ranks"
+    shaping: Literal["centered_ranks", "z_score", "raw"] = "centered_ranks"
     optimizer: Literal["sgd", "adam"] = "sgd"
     weight_decay: float = Field(0.0, ge=0)
     anchor_decay: float = Field(0.0, ge=0, description="decay toward the initial weights")
@@ -126,12 +126,14 @@ class EnvSection(_Section):
 
 
 class AgentSection(_Section):
-    """How the policy picks actions."""
+    """How the policy picks actions: by scoring each valid action's description (see esjax.agent.webshop)."""
 
-    action_selection: Literal["score", "generate"] = "score"
+    prompt_style: Literal["auto", "compact", "chat"] = Field(
+        "auto", description="compact one-line state, or the full observation in the chat template; "
+                            "auto = chat when the model has a chat template and is not the embedded policy")
     temperature: float = Field(1.0, ge=0, description="sampling temperature over candidate scores; 0 = greedy")
     max_prompt_tokens: int = Field(512, ge=16)
-    max_new_tokens: int = Field(24, ge=1)
+    max_candidate_tokens: int = Field(32, ge=1)
 
 
 class MeshSection(_Section):

@@ -1,0 +1,24 @@
+"""A small byte-level BPE tokenizer trained on shop text, for policies trained from scratch.
+
+The embedded default policy and the ``model.source: random`` test policies use it. It is deterministic:
+the same texts and vocabulary size give the same ``tokenizer.json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int = 1024) -> Tokenizer:
+    """Byte-level BPE over ``texts`` (lower-cased by the caller if wanted); ``<pad>`` is id 0."""
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(list(texts), trainer=trainer)
+    return tokenizer

@@ -1,0 +1,208 @@
+"""The WebShop agent: turns an observation into a prompt and a list of candidate actions to score.
+
+The policy picks actions by *scoring candidates*: every valid action gets a short natural-language
+description (``open <title> <price>``, ``choose navy``, ``buy now``...) and the model's log-likelihood of
+that description given the prompt ranks them. Descriptions carry the information an action's bare
+string lacks (an ASIN says nothing; its title does), so a small model can learn to match goal and product.
+
+Two prompt styles share the same candidates:
+
+* ``compact``: a one-line state (goal, page, item, chosen options) for the small embedded policy;
+* ``chat``: WebShop's full text observation in the model's chat template, for instruct checkpoints.
+
+The agent only reads the observation text and ``available_actions()`` (nothing from the env's internals),
+so it works on any WebShop-protocol environment. It keeps per-episode memory of the options chosen on the
+current item page, which WebShop's text observation does not show.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import Any, Literal
+
+SEP = " [SEP] "
+_BUTTONS = {"back to search", "next >", "< prev", "description", "features", "reviews", "buy now", "search"}
+_PRICE = re.compile(r"^\$[\d,.]+( to \$[\d,.]+)?$")
+
+PromptStyle = Literal["compact", "chat"]
+
+SYSTEM_PROMPT = ("You are a shopping agent on WebShop. Read the instruction and the page, "
+                 "then choose the next action.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One action the policy may take: ``text`` is scored by the model, ``action`` is sent to the env."""
+
+    text: str
+    action: str
+
+
+@dataclasses.dataclass
+class EpisodeMemory:
+    """What the agent remembers within one episode."""
+
+    instruction: str
+    chosen: list[str] = dataclasses.field(default_factory=list)
+    item: str | None = None
+
+    def record(self, kind: str, candidate: Candidate) -> None:
+        """Update memory after ``candidate`` was taken on a page of ``kind``."""
+        if kind == "item" and candidate.text.startswith("choose "):
+            value = candidate.text[len("choose "):]
+            if value not in self.chosen:
+                self.chosen.append(value)
+        elif kind == "item" and candidate.action in ("click[< prev]", "click[back to search]"):
+            self.chosen.clear()
+            self.item = None
+        elif kind == "results" and candidate.text.startswith("open "):
+            self.chosen.clear()
+            self.item = candidate.text[len("open "):]
+
+
+def page_kind(available: dict) -> str:
+    """search / results / item / item_sub / done, from the available actions (as WebShop's agents do)."""
+    clickables = available.get("clickables", [])
+    if available.get("has_search_bar"):
+        return "search"
+    if "buy now" in clickables:
+        return "item"
+    if "next >" in clickables:
+        return "results"
+    if "< prev" in clickables:
+        return "item_sub"
+    return "done"
+
+
+def _segments(observation: str) -> list[str]:
+    return [s.strip() for s in observation.split(SEP)]
+
+
+def parse_results(observation: str, clickables: Sequence[str]) -> list[tuple[str, str, str]]:
+    """``(asin, title, price)`` of every hit on a results page."""
+    keys = {c for c in clickables if c not in _BUTTONS}
+    segs = _segments(observation)
+    hits = []
+    for i, seg in enumerate(segs):
+        if seg.lower() in keys:
+            title = segs[i + 1] if i + 1 < len(segs) else ""
+            price = segs[i + 2] if i + 2 < len(segs) and _PRICE.match(segs[i + 2]) else ""
+            hits.append((seg.lower(), title, price))
+    return hits
+
+
+def parse_item(observation: str) -> tuple[str, str]:
+    """``(title, price)`` of an item page."""
+    segs = _segments(observation)
+    for i, seg in enumerate(segs):
+        if seg.startswith("Price: ") and i > 0:
+            return segs[i - 1], seg[len("Price: "):]
+    return "", ""
+
+
+def candidates_for(observation: str, available: dict, memory: EpisodeMemory) -> list[Candidate]:
+    """The candidate actions of a page, each with the description the model scores."""
+    kind = page_kind(available)
+    clickables = list(available.get("clickables", []))
+    if kind == "search":
+        return [Candidate(f"search {memory.instruction}", f"search[{memory.instruction}]")]
+    if kind == "results":
+        out = [Candidate(f"open {title} {price}".strip(), f"click[{asin}]")
+               for asin, title, price in parse_results(observation, clickables)]
+        if "next >" in clickables:
+            out.append(Candidate("next page", "click[next >]"))
+        out.append(Candidate("back to search", "click[back to search]"))
+        return out
+    if kind == "item":
+        values = [c for c in clickables if c not in _BUTTONS and c not in memory.chosen]
+        out = [Candidate(f"choose {v}", f"click[{v}]") for v in values]
+        out.append(Candidate("buy now", "click[buy now]"))
+        out.append(Candidate("go back", "click[< prev]"))
+        return out
+    if kind == "item_sub":
+        return [Candidate("go back", "click[< prev]")]
+    return []
+
+
+def compact_prompt(observation: str, available: dict, memory: EpisodeMemory) -> str:
+    """One-line state for the small policy."""
+    kind = page_kind(available)
+    parts = [f"goal: {memory.instruction.lower()}", f"page: {kind}"]
+    if kind == "item":
+        title, price = parse_item(observation)
+        parts.append(f"item: {title} {price}".strip())
+        parts.append(f"chosen: {', '.join(memory.chosen) if memory.chosen else 'none'}")
+    elif kind == "results":
+        match = re.search(r"Page (\d+) \(Total results: (\d+)\)", observation)
+        if match:
+            parts.append(f"results page {match.group(1)}")
+    return " | ".join(parts) + " | act:"
+
+
+def chat_messages(observation: str, available: dict, memory: EpisodeMemory,
+                  candidates: Sequence[Candidate]) -> list[dict[str, str]]:
+    """Messages for a chat-template prompt: the full observation and the list of candidate actions."""
+    chosen = ", ".join(memory.chosen) if memory.chosen else "none"
+    choices = "\n".join(f"- {c.text}" for c in candidates)
+    user = (f"Instruction: {memory.instruction}\nObservation: {observation}\nOptions chosen so far: {chosen}\n"
+            f"Possible actions:\n{choices}\nAnswer with one action.")
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+class WebShopAgent:
+    """Builds token-level prompts and candidates for batched scoring.
+
+    Args:
+      tokenizer: a ``tokenizers.Tokenizer`` (``encode(text).ids``).
+      style: ``'compact'`` or ``'chat'``.
+      chat_template: callable ``messages -> str`` (required for ``'chat'``), e.g. a rendered HF template.
+      max_prompt_tokens: longer prompts keep their head and tail (the goal and the question).
+      max_candidate_tokens: longer candidate descriptions are cut.
+    """
+
+    def __init__(self, tokenizer: Any, style: PromptStyle = "compact", chat_template: Any = None,
+                 max_prompt_tokens: int = 512, max_candidate_tokens: int = 32):
+        if style not in ("compact", "chat"):
+            raise ValueError(f"agent style must be 'compact' or 'chat', got {style!r}")
+        if style == "chat" and chat_template is None:
+            raise ValueError("agent style 'chat' needs the model's chat template")
+        self.tokenizer = tokenizer
+        self.style = style
+        self.chat_template = chat_template
+        self.max_prompt_tokens = max_prompt_tokens
+        self.max_candidate_tokens = max_candidate_tokens
+        self._cache: dict[str, list[int]] = {}
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._cache.get(text)
+        if ids is None:
+            ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+            if len(self._cache) < 200_000:
+                self._cache[text] = ids
+        return ids
+
+    def prompt_text(self, observation: str, available: dict, memory: EpisodeMemory,
+                    candidates: Sequence[Candidate]) -> str:
+        if self.style == "compact":
+            return compact_prompt(observation, available, memory)
+        return self.chat_template(chat_messages(observation, available, memory, candidates))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        ids = self.encode(text)
+        limit = self.max_prompt_tokens
+        if len(ids) > limit:
+            head = limit // 2
+            ids = ids[:head] + ids[len(ids) - (limit - head):]
+        return ids
+
+    def encode_candidate(self, candidate: Candidate) -> list[int]:
+        return self.encode(" " + candidate.text)[: self.max_candidate_tokens]
+
+    def step_inputs(self, observation: str, available: dict, memory: EpisodeMemory
+                    ) -> tuple[list[int], list[Candidate], list[list[int]]]:
+        """Prompt ids, candidates and candidate ids for one waiting episode."""
+        candidates = candidates_for(observation, available, memory)
+        prompt = self.encode_prompt(self.prompt_text(observation, available, memory, candidates))
+        return prompt, candidates, [self.encode_candidate(c) for c in candidates]

@@ -1,0 +1,200 @@
+"""Continuous-batching rollouts: every tick, all waiting episodes take one action together.
+
+Each live episode belongs to a training member ``(version, index)`` or to an evaluation of the
+unperturbed θ at some version. Per tick, the episodes waiting for an action are grouped by version and
+served by **one batched policy call per live version** (candidate scoring with per-row ES members); the
+chosen actions go through the env pool in one batched step; finished episodes are handed back, and freed
+env rows are reused at once.
+
+Everything here is deterministic given the episodes started: action sampling draws from a counter-based
+seed of (task batch sampling seed, position in the batch, step) — the same for every member of one version
+(common random numbers) — and ties break by candidate order. An episode's ``trace`` (the candidates it
+took) is enough to rebuild it exactly: :meth:`RolloutEngine.start` with a trace replays the env and the
+agent's memory without calling the model, which is how a resumed run continues in-flight episodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from esjax.agent.scoring import score_candidates
+from esjax.agent.webshop import Candidate, EpisodeMemory, WebShopAgent, page_kind
+from esjax.es.noise import NoiseSpec
+from esjax.loop.tasks import hash_ints
+from esjax.model.config import ModelConfig
+from esjax.model.perturb import Perturbation
+
+EpisodeKind = Literal["train", "eval"]
+
+
+@dataclasses.dataclass
+class Episode:
+    """One live episode in an env-pool row."""
+
+    row: int
+    kind: EpisodeKind
+    owner: int  # job id (train) or evaluation id (eval)
+    version: int
+    index: int  # member index (train); 0 for eval
+    goal: int  # shop goal index
+    position: int  # position in the task batch / eval set: the CRN sampling stream
+    sampling_seed: int
+    greedy: bool
+    memory: EpisodeMemory
+    observation: str = ""
+    available: dict = dataclasses.field(default_factory=dict)
+    trace: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    reward: float = 0.0
+    done: bool = False
+    info: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def steps(self) -> int:
+        return len(self.trace)
+
+    def to_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs to rebuild this episode (see :meth:`RolloutEngine.start`)."""
+        return {"kind": self.kind, "owner": self.owner, "version": self.version, "index": self.index,
+                "goal": self.goal, "position": self.position, "sampling_seed": self.sampling_seed,
+                "greedy": self.greedy, "trace": [list(t) for t in self.trace]}
+
+
+@dataclasses.dataclass
+class TickStats:
+    rows: int = 0  # episodes that acted
+    model_rows: int = 0  # rows that needed a policy call (more than one candidate)
+    calls: int = 0  # batched policy calls (one per live version with model rows)
+    tokens: int = 0  # prompt + candidate tokens scored
+
+
+class RolloutEngine:
+    """Runs episodes of many members and versions in lock-step ticks over one env pool.
+
+    Args:
+      pool: an in-process env pool (``reset_one``, batched ``step``, per-session ``envs``).
+      agent: builds prompts and candidates.
+      model_config: the policy's :class:`ModelConfig`.
+      noise: the run's noise spec (members' perturbations).
+      sigma_at: σ of a version.
+      max_steps: episode step cap (an episode that never buys scores 0).
+      temperature: sampling temperature over candidate log-likelihoods (training rows); 0 = greedy.
+    """
+
+    def __init__(self, pool: Any, agent: WebShopAgent, model_config: ModelConfig, noise: NoiseSpec,
+                 sigma_at: Callable[[int], float], max_steps: int, temperature: float = 1.0):
+        self.pool = pool
+        self.agent = agent
+        self.model_config = model_config
+        self.noise = noise
+        self.sigma_at = sigma_at
+        self.max_steps = max_steps
+        self.temperature = temperature
+        self.free_rows: list[int] = list(range(len(pool)))[::-1]
+        self.live: dict[int, Episode] = {}
+
+    # ------------------------------------------------------------------------------------------- episodes
+    @property
+    def capacity(self) -> int:
+        return len(self.pool)
+
+    @property
+    def free(self) -> int:
+        return len(self.free_rows)
+
+    def start(self, kind: EpisodeKind, owner: int, version: int, index: int, goal: int, position: int,
+              sampling_seed: int, greedy: bool, trace: Sequence[Sequence[str]] = ()) -> Episode:
+        """Open an episode in a free row; a ``trace`` of (candidate text, action) pairs is replayed first."""
+        if not self.free_rows:
+            raise RuntimeError("no free env rows: start fewer episodes or raise the pool's capacity")
+        row = self.free_rows.pop()
+        observation, _ = self.pool.reset_one(row, goal)
+        env = self.pool.envs[row]
+        episode = Episode(row, kind, owner, version, index, goal, position, sampling_seed, greedy,
+                          EpisodeMemory(env.instruction), observation, env.available_actions())
+        for text, action in trace:
+            kind_now = page_kind(episode.available)
+            episode.memory.record(kind_now, Candidate(text, action))
+            episode.observation, reward, done, info = env.step(action)
+            episode.available = env.available_actions()
+            episode.trace.append((text, action))
+            if done:
+                raise RuntimeError(f"replayed trace of goal {goal} ended its episode; it should still be live")
+        self.live[row] = episode
+        return episode
+
+    def stop(self, predicate: Callable[[Episode], bool]) -> list[Episode]:
+        """Drop (without finishing) every live episode matching ``predicate``; frees their rows."""
+        dropped = [e for e in self.live.values() if predicate(e)]
+        for episode in dropped:
+            del self.live[episode.row]
+            self.free_rows.append(episode.row)
+        return dropped
+
+    # ------------------------------------------------------------------------------------------- one tick
+    def _choose(self, episode: Episode, scores: np.ndarray) -> int:
+        if episode.greedy or self.temperature <= 0 or len(scores) == 1:
+            return int(np.argmax(scores))
+        logits = (scores - scores.max()) / self.temperature
+        probs = np.exp(logits)
+        probs /= probs.sum()
+        rng = np.random.default_rng(hash_ints(episode.sampling_seed, episode.position, episode.steps))
+        return int(rng.choice(len(probs), p=probs))
+
+    def tick(self, params_at: Callable[[int], Any]) -> tuple[list[Episode], TickStats]:
+        """Every live episode takes one action; returns the episodes that finished and the tick's stats."""
+        stats = TickStats()
+        waiting = [self.live[row] for row in sorted(self.live)]
+        if not waiting:
+            return [], stats
+        inputs = {e.row: self.agent.step_inputs(e.observation, e.available, e.memory) for e in waiting}
+        choice: dict[int, int] = {}
+        by_version: dict[int, list[Episode]] = {}
+        for episode in waiting:
+            candidates = inputs[episode.row][1]
+            if len(candidates) <= 1:
+                choice[episode.row] = 0
+            else:
+                by_version.setdefault(episode.version, []).append(episode)
+        for version in sorted(by_version):
+            group = by_version[version]
+            prompts = [inputs[e.row][0] for e in group]
+            cand_ids = [inputs[e.row][2] for e in group]
+            perturbation = Perturbation.create(
+                self.noise, self.sigma_at(version), [e.version for e in group], [e.index for e in group],
+                [e.kind == "train" for e in group])
+            scores = score_candidates(self.model_config, params_at(version), prompts, cand_ids, perturbation)
+            for episode, row_scores in zip(group, scores):
+                choice[episode.row] = self._choose(episode, row_scores[: len(inputs[episode.row][1])])
+            stats.calls += 1
+            stats.model_rows += len(group)
+            stats.tokens += sum(len(p) for p in prompts) + sum(len(c) for cs in cand_ids for c in cs)
+
+        actions: list[str | None] = [None] * len(self.pool)
+        for episode in waiting:
+            candidates = inputs[episode.row][1]
+            if not candidates:  # a dead end (e.g. the done page without done): the episode is over
+                episode.done = True
+                continue
+            picked = candidates[choice[episode.row]]
+            episode.memory.record(page_kind(episode.available), picked)
+            episode.trace.append((picked.text, picked.action))
+            actions[episode.row] = picked.action
+        stats.rows = sum(a is not None for a in actions)
+        observations, rewards, dones, infos = self.pool.step(actions)
+        finished = []
+        for episode in waiting:
+            if actions[episode.row] is not None:
+                episode.observation = observations[episode.row]
+                episode.available = self.pool.envs[episode.row].available_actions()
+                if dones[episode.row]:
+                    episode.done, episode.reward, episode.info = True, float(rewards[episode.row]), infos[episode.row]
+            if episode.done or episode.steps >= self.max_steps:
+                episode.done = True
+                finished.append(episode)
+                del self.live[episode.row]
+                self.free_rows.append(episode.row)
+        return finished, stats

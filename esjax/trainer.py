@@ -1,0 +1,484 @@
+"""The trainer behind ``python -m esjax.run``: builds the parts from a config and runs the async ES loop.
+
+One tick of the loop: refill free rollout slots with jobs from the coordinator (the schedule decides at
+which versions), let every live episode act (one batched policy call per live version), roll finished
+episodes up into member fitness, and report finished members to the coordinator, which accepts (lag ≤ K),
+holds or discards them and applies the jitted ES update as soon as a cohort is complete. Evaluations of
+the unperturbed θ run as extra greedy rows in the same ticks, so they never stop training rollouts.
+
+The tick loop is deterministic: a run is bit-identical when repeated, and a resumed run is bit-identical
+to an uninterrupted one — checkpoints hold θ of every version an in-flight episode needs, the
+coordinator's state (accepted-but-not-applied fitness, held results, counters) and each in-flight
+episode's trace, which is replayed on resume without calling the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+import esjax
+from esjax.agent.policy import LoadedPolicy, load_policy
+from esjax.agent.webshop import WebShopAgent
+from esjax.checkpoint import Checkpointer
+from esjax.config import Config, ConfigError, config_to_yaml, load_config
+from esjax.es.noise import NoiseSpec, Scope
+from esjax.es.schedules import constant, cosine, linear
+from esjax.es.update import ESConfig
+from esjax.loop.coordinator import Coordinator, CoordinatorConfig
+from esjax.loop.engine import ESUpdate
+from esjax.loop.rollout import Episode, RolloutEngine
+from esjax.loop.schedules import make_schedule
+from esjax.loop.tasks import hash_ints
+from esjax.loop.types import Job
+from esjax.metrics import MetricsWriter, read_metrics, truncate_after
+from esjax.progress import Progress
+
+CONFIG_FILE = "config.yaml"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Building the parts from a config
+# ---------------------------------------------------------------------------------------------------------
+
+
+def build_shop(config: Config):
+    """The environment's shop: a synthetic catalog or WebShop data from a folder."""
+    from envs.webshop_bridge import DataError, load_webshop, synthetic_shop
+
+    env = config.env
+    try:
+        if env.data == "synthetic":
+            return synthetic_shop(env.num_products, seed=env.catalog_seed)
+        return load_webshop(Path(env.data).expanduser(), seed=env.catalog_seed)
+    except DataError as err:
+        raise ConfigError(f"env.data: {err}") from None
+
+
+def shop_texts(shop, limit: int = 5000):
+    """Text a from-scratch tokenizer is trained on: instructions, titles and option values."""
+
+    for i in range(min(len(shop.goals), limit)):
+        yield shop.goals[i].instruction_text.lower()
+    for i in range(min(len(shop), limit)):
+        product = shop.product(i)
+        yield f"open {product.title} choose buy now go back next page back to search page: results item chosen"
+
+
+def build_policy(config: Config, shop) -> LoadedPolicy:
+    m = config.model
+    return load_policy(m.source, m.path, m.dtype, random_config=m.random_config, seed=config.run.seed,
+                       texts=lambda: shop_texts(shop))
+
+
+def build_agent(config: Config, policy: LoadedPolicy) -> WebShopAgent:
+    style = config.agent.prompt_style
+    if style == "auto":
+        style = "chat" if policy.chat_template is not None and config.model.source == "hf" else "compact"
+    renderer = policy.chat_renderer()
+    if style == "chat" and renderer is None:
+        raise ConfigError("agent.prompt_style: 'chat' needs a model with a chat template "
+                          "(tokenizer_config.json chat_template)")
+    return WebShopAgent(policy.tokenizer, style, renderer, config.agent.max_prompt_tokens,
+                        config.agent.max_candidate_tokens)
+
+
+def build_es_config(config: Config) -> ESConfig:
+    es = config.es
+    noise = NoiseSpec(seed=config.run.seed, mode=es.mode, rank=es.rank, antithetic=es.antithetic,
+                      scope=Scope(es.scope, tuple(es.include), tuple(es.exclude)))
+    if es.sigma_schedule == "constant":
+        sigma = constant(es.sigma)
+    elif es.sigma_schedule == "linear":
+        sigma = linear(es.sigma, es.sigma_final, config.run.updates)
+    else:
+        sigma = cosine(es.sigma, es.sigma_final, config.run.updates)
+    optimizer = optax.sgd(es.learning_rate) if es.optimizer == "sgd" else optax.adam(es.learning_rate)
+    return ESConfig(noise=noise, sigma=sigma, learning_rate=es.learning_rate, scale=es.scale,
+                    shaping=es.shaping, optimizer=optimizer, weight_decay=es.weight_decay,
+                    anchor_decay=es.anchor_decay)
+
+
+def build_coordinator(config: Config, train_size: int, es_update: ESUpdate | None,
+                      state: dict[str, Any] | None = None) -> Coordinator:
+    s = config.schedule
+    coord_config = CoordinatorConfig(population=config.es.population, max_lag=s.max_lag, seed=config.run.seed,
+                                     train_size=train_size, tasks_per_member=config.env.tasks_per_member)
+    schedule = make_schedule(s.kind, lag=s.lag, fraction=s.stale_fraction, max_lag=s.max_lag)
+    if state is None:
+        return Coordinator(coord_config, schedule, es_update)
+    return Coordinator.from_state_dict(coord_config, schedule, state, es_update)
+
+
+def run_metadata(config: Config) -> dict[str, Any]:
+    import flax
+
+    return {"esjax": esjax.__version__, "jax": jax.__version__, "jaxlib": jax.lib.__version__
+            if hasattr(jax.lib, "__version__") else None, "flax": flax.__version__, "optax": optax.__version__,
+            "python": sys.version.split()[0], "platform": platform.platform(), "seed": config.run.seed,
+            "devices": [str(d) for d in jax.devices()], "argv": sys.argv}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Evaluation bookkeeping
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Evaluation:
+    """A greedy evaluation of the unperturbed θ at ``version`` on fixed held-out goals."""
+
+    eval_id: int
+    version: int
+    goals: list[int]
+    started_tick: int
+    started_wall: float
+    next_position: int = 0
+    rewards: dict[int, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.rewards) == len(self.goals)
+
+    def record(self, wall_time: float) -> dict[str, Any]:
+        rewards = np.array([self.rewards[p] for p in range(len(self.goals))], np.float64)
+        return {"kind": "eval", "version": self.version, "score": float(100 * rewards.mean()),
+                "success_rate": float(np.mean(rewards == 1.0)), "mean_reward": float(rewards.mean()),
+                "goals": len(self.goals), "wall_time": wall_time, "eval_seconds": wall_time - self.started_wall}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"eval_id": self.eval_id, "version": self.version, "started_tick": self.started_tick,
+                "next_position": self.next_position, "rewards": {str(k): v for k, v in self.rewards.items()}}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The trainer
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class JobProgress:
+    job: Job
+    started_tick: int
+    rewards: dict[int, float] = dataclasses.field(default_factory=dict)
+    started: int = 0  # episodes started (positions 0..started-1)
+
+
+class Trainer:
+    """Owns one run: its parts, its loop state and its run directory."""
+
+    def __init__(self, config: Config, run_dir: Path):
+        self.config = config
+        self.run_dir = run_dir
+        self.shop = build_shop(config)
+        self.train_goals = list(self.shop.split("train"))
+        self.eval_goals = list(self.shop.split(config.env.eval_split))[: config.env.eval_goals]
+        if not self.train_goals:
+            raise ConfigError("env: the shop has no train goals")
+        if not self.eval_goals:
+            raise ConfigError(f"env.eval_split: the shop has no {config.env.eval_split!r} goals")
+        self.policy = build_policy(config, self.shop)
+        self.agent = build_agent(config, self.policy)
+        self.es_config = build_es_config(config)
+        self.K = config.schedule.max_lag
+        from envs.webshop_bridge import EnvPool
+
+        capacity = config.schedule.slots * config.env.tasks_per_member + len(self.eval_goals)
+        self.pool = EnvPool(self.shop, capacity)
+        self.engine = RolloutEngine(self.pool, self.agent, self.policy.config, self.es_config.noise,
+                                    lambda v: float(self.es_config.sigma_at(v)), config.env.max_steps,
+                                    config.agent.temperature)
+        self.es_update: ESUpdate | None = None
+        self.coord: Coordinator | None = None
+        self.jobs: dict[int, JobProgress] = {}
+        self.evals: dict[int, Evaluation] = {}
+        self.eval_params: dict[int, Any] = {}
+        self.evaluated_versions: set[int] = set()
+        self.next_eval_id = 0
+        self.tick_count = 0
+        self.busy_ticks = 0.0
+        self.ticks_since_update = 0
+        self.rows_since_update = 0
+        self.tokens_since_update = 0
+        self.episodes_since_update = 0
+        self.wall_offset = 0.0
+        self.nonfinite_rejections = 0
+        self.last_update_wall = 0.0
+
+    # ----------------------------------------------------------------------------------------- set-up
+    def fresh(self) -> None:
+        self.es_update = ESUpdate(self.es_config, self.policy.params, keep=self.K + 1)
+        self.coord = build_coordinator(self.config, len(self.train_goals), self.es_update)
+
+    def params_at(self, version: int) -> Any:
+        if version in self.eval_params:
+            return self.eval_params[version]
+        return self.es_update.params_at(version)
+
+    @property
+    def version(self) -> int:
+        return self.coord.version
+
+    # ----------------------------------------------------------------------------------------- checkpoint
+    def _needed_versions(self) -> list[int]:
+        versions = {e.version for e in self.engine.live.values()}
+        versions |= {v for v in self.coord.live_versions() if v <= self.version}
+        versions |= {ev.version for ev in self.evals.values()}
+        return sorted(v for v in versions if v != self.version)
+
+    def loop_state(self) -> dict[str, Any]:
+        return {
+            "coordinator": self.coord.state_dict(),
+            "saved_versions": self._needed_versions(),
+            "episodes": [self.engine.live[row].to_dict() for row in sorted(self.engine.live)],
+            "jobs": {str(jid): {"started_tick": jp.started_tick, "started": jp.started,
+                                "rewards": {str(k): v for k, v in jp.rewards.items()}}
+                     for jid, jp in sorted(self.jobs.items())},
+            "evals": [ev.to_dict() for ev in self.evals.values()],
+            "evaluated_versions": sorted(self.evaluated_versions),
+            "next_eval_id": self.next_eval_id, "tick": self.tick_count, "busy_ticks": self.busy_ticks,
+            "wall_time": self.wall_time(), "nonfinite_rejections": self.nonfinite_rejections,
+        }
+
+    def checkpoint_tree(self, saved_versions: list[int]) -> dict[str, Any]:
+        return {"state": self.es_update.state,
+                "versions": {str(v): self.params_at(v) for v in saved_versions}}
+
+    def restore(self, checkpointer: Checkpointer) -> int:
+        self.fresh()
+
+        def target(loop: dict[str, Any]) -> dict[str, Any]:
+            params = self.es_update.state.params
+            return {"state": self.es_update.state, "versions": {str(v): params for v in loop["saved_versions"]}}
+
+        step, tree, loop = checkpointer.restore_latest(target)
+        self.es_update = ESUpdate(self.es_config, state=tree["state"], keep=self.K + 1)
+        saved = {int(v): p for v, p in tree["versions"].items()}
+        for v, p in saved.items():
+            if v >= self.es_update.version - self.K:
+                self.es_update._params[v] = p  # θ of a live older version
+        self.coord = build_coordinator(self.config, len(self.train_goals), self.es_update, loop["coordinator"])
+        self.tick_count, self.busy_ticks = int(loop["tick"]), float(loop["busy_ticks"])
+        self.wall_offset = float(loop["wall_time"])
+        self.nonfinite_rejections = int(loop.get("nonfinite_rejections", 0))
+        self.evaluated_versions = set(loop["evaluated_versions"])
+        self.next_eval_id = int(loop["next_eval_id"])
+        jobs_by_id = {job.job_id: job for job in self.coord.in_flight_jobs()}
+        for jid, data in loop["jobs"].items():
+            jp = JobProgress(jobs_by_id[int(jid)], int(data["started_tick"]),
+                             {int(k): float(v) for k, v in data["rewards"].items()}, int(data["started"]))
+            self.jobs[int(jid)] = jp
+        for data in loop["evals"]:
+            version = int(data["version"])
+            self.eval_params[version] = saved[version] if version in saved else self.es_update.params_at(version)
+            ev = Evaluation(int(data["eval_id"]), version, self.eval_goals, int(data["started_tick"]),
+                            time.perf_counter(), int(data["next_position"]),
+                            {int(k): float(v) for k, v in data["rewards"].items()})
+            self.evals[ev.eval_id] = ev
+        for data in loop["episodes"]:
+            self.engine.start(data["kind"], int(data["owner"]), int(data["version"]), int(data["index"]),
+                              int(data["goal"]), int(data["position"]), int(data["sampling_seed"]),
+                              bool(data["greedy"]), data["trace"])
+        return step
+
+    # ----------------------------------------------------------------------------------------- the loop
+    def wall_time(self) -> float:
+        return self.wall_offset + time.perf_counter() - self._wall_start
+
+    def _start_eval(self, version: int) -> None:
+        if version in self.evaluated_versions:
+            return
+        self.evaluated_versions.add(version)
+        self.eval_params[version] = self.params_at(version)
+        ev = Evaluation(self.next_eval_id, version, self.eval_goals, self.tick_count, time.perf_counter())
+        self.evals[ev.eval_id] = ev
+        self.next_eval_id += 1
+
+    def _fill(self) -> None:
+        """Start episodes: evaluation rows first (they are few and fixed), then training jobs."""
+        for ev in self.evals.values():
+            while ev.next_position < len(ev.goals) and self.engine.free:
+                p = ev.next_position
+                self.engine.start("eval", ev.eval_id, ev.version, 0, ev.goals[p], p,
+                                  hash_ints(self.config.run.seed, 7919, ev.version), True)
+                ev.next_position += 1
+        if self.version < self.config.run.updates:
+            free_slots = self.config.schedule.slots - len(self.jobs)
+            for job in self.coord.next_jobs(free_slots):
+                self.jobs[job.job_id] = JobProgress(job, self.tick_count)
+        per_member = self.config.env.tasks_per_member
+        for jp in sorted(self.jobs.values(), key=lambda j: j.job.job_id):
+            while jp.started < per_member and self.engine.free:
+                p = jp.started
+                goal = self.train_goals[jp.job.tasks.goals[p] % len(self.train_goals)]
+                self.engine.start("train", jp.job.job_id, jp.job.member.version, jp.job.member.index, goal, p,
+                                  jp.job.tasks.sampling_seed, False)
+                jp.started += 1
+
+    def _abandon_hopeless(self) -> None:
+        """Jobs older than t − K can never be accepted: stop them now instead of finishing wasted work."""
+        floor = self.version - self.K
+        hopeless = [jid for jid, jp in self.jobs.items() if jp.job.member.version < floor]
+        if hopeless or self.version >= self.config.run.updates:
+            if self.version >= self.config.run.updates:
+                hopeless = list(self.jobs)
+            ids = set(hopeless)
+            self.engine.stop(lambda e: e.kind == "train" and e.owner in ids)
+            for jid in hopeless:
+                jp = self.jobs.pop(jid)
+                if self.version < self.config.run.updates:
+                    self.coord.abandon(jid, float(self.tick_count - jp.started_tick))
+
+    def _finish_update(self, record, writer: MetricsWriter, checkpointer: Checkpointer, progress: Progress) -> None:
+        summary = record.summary()
+        now = self.wall_time()
+        ticks = max(self.ticks_since_update, 1)
+        lags = Counter(int(x) for x in record.cohort.lags)
+        out = {"kind": "update", **summary, "version": self.version, "wall_time": now, "tick": self.tick_count,
+               "lag_hist": {str(k): v for k, v in sorted(lags.items())},
+               "slot_utilization": self.busy_ticks / ticks, "rows_per_tick": self.rows_since_update / ticks,
+               "episodes_per_s": self.episodes_since_update / max(now - self.last_update_wall, 1e-9),
+               "tokens_per_s": self.tokens_since_update / max(now - self.last_update_wall, 1e-9),
+               "seconds": now - self.last_update_wall}
+        writer.write(out)
+        progress.update(self.version, out, self.coord.totals())
+        self.busy_ticks = 0.0
+        self.ticks_since_update = self.rows_since_update = self.tokens_since_update = 0
+        self.episodes_since_update = 0
+        self.last_update_wall = now
+        if self.version % self.config.run.eval_every == 0 or self.version == self.config.run.updates:
+            self._start_eval(self.version)
+        if self.version % self.config.run.checkpoint_every == 0 or self.version == self.config.run.updates:
+            loop = self.loop_state()
+            checkpointer.save(self.version, self.checkpoint_tree(loop["saved_versions"]), loop)
+
+    def _report(self, jid: int, writer, checkpointer, progress) -> None:
+        jp = self.jobs.pop(jid)
+        rewards = [jp.rewards[p] for p in range(self.config.env.tasks_per_member)]
+        fitness = float(np.mean(rewards))
+        result = jp.job.result(fitness, float(self.tick_count - jp.started_tick))
+        for record in self.coord.report(result):
+            self._check_finite()
+            self._finish_update(record, writer, checkpointer, progress)
+
+    def _check_finite(self) -> None:
+        leaves = jax.tree.leaves(self.es_update.state.params)
+        if not all(bool(np.isfinite(np.asarray(x)).all()) for x in leaves):
+            raise FloatingPointError(f"update {self.version} produced non-finite parameters")
+
+    def run(self, writer: MetricsWriter, checkpointer: Checkpointer, progress: Progress) -> None:
+        self._wall_start = time.perf_counter()
+        self.last_update_wall = self.wall_time()
+        if self.version == 0 and not self.evaluated_versions:
+            self._start_eval(0)
+        updates = self.config.run.updates
+        while self.version < updates or self.evals or self.jobs:
+            self._abandon_hopeless()
+            self._fill()
+            if not self.engine.live:
+                if self.version >= updates and not self.evals:
+                    break
+                raise RuntimeError(f"the loop stalled at version {self.version}: no episode is live "
+                                   f"(schedule {self.config.schedule.kind!r}, {len(self.jobs)} jobs)")
+            self.busy_ticks += len(self.jobs) / self.config.schedule.slots
+            finished, stats = self.engine.tick(self.params_at)
+            self.tick_count += 1
+            self.ticks_since_update += 1
+            self.rows_since_update += stats.rows
+            self.tokens_since_update += stats.tokens
+            done_jobs = []
+            for episode in finished:
+                self._episode_done(episode, done_jobs, writer)
+            for jid in sorted(done_jobs):
+                if jid in self.jobs:
+                    self._report(jid, writer, checkpointer, progress)
+
+    def _episode_done(self, episode: Episode, done_jobs: list[int], writer: MetricsWriter) -> None:
+        if episode.kind == "eval":
+            ev = self.evals[episode.owner]
+            ev.rewards[episode.position] = episode.reward
+            if ev.complete:
+                record = ev.record(self.wall_time())
+                writer.write(record)
+                self.evals.pop(ev.eval_id)
+                if not any(e.version == ev.version for e in self.evals.values()):
+                    self.eval_params.pop(ev.version, None)
+                self._progress.eval(record)
+            return
+        jp = self.jobs.get(episode.owner)
+        if jp is None:
+            return
+        self.episodes_since_update += 1
+        jp.rewards[episode.position] = episode.reward
+        if len(jp.rewards) == self.config.env.tasks_per_member:
+            done_jobs.append(episode.owner)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Entry points
+# ---------------------------------------------------------------------------------------------------------
+
+
+def default_run_dir(config: Config) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{config.run.name}-{stamp}"
+
+
+def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Config:
+    """The config a run was started with (``--set`` may change only non-structural keys)."""
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise ConfigError(f"{path}: not a run directory (no {CONFIG_FILE})")
+    return load_config(path, overrides)
+
+
+@dataclasses.dataclass
+class TrainResult:
+    run_dir: Path
+    version: int
+    params: Any
+    records: list[dict[str, Any]]
+
+
+def train(config: Config, run_dir: str | Path | None = None, resume: bool = False) -> TrainResult:
+    """Run (or resume) a training job and write its run directory; returns the final θ and records."""
+    run_dir = Path(run_dir or config.run.run_dir or default_run_dir(config))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        (run_dir / CONFIG_FILE).write_text(config_to_yaml(config))
+        (run_dir / "run.json").write_text(json.dumps(run_metadata(config), indent=2))
+    trainer = Trainer(config, run_dir)
+    checkpointer = Checkpointer(run_dir, config.run.keep_checkpoints)
+    if resume and checkpointer.steps():
+        step = trainer.restore(checkpointer)
+        truncate_after(run_dir / "metrics.jsonl", step)
+    else:
+        if resume:
+            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        trainer.fresh()
+    writer = MetricsWriter(run_dir, config.run.tensorboard)
+    progress = Progress(config.run.updates, enabled=config.run.progress)
+    trainer._progress = progress
+    try:
+        with progress:
+            trainer.run(writer, checkpointer, progress)
+    finally:
+        writer.close()
+        checkpointer.close()
+    records = read_metrics(run_dir / "metrics.jsonl")
+    from esjax.plots import write_plots, write_summary
+
+    write_plots(records, run_dir / "plots")
+    summary = write_summary(records, run_dir / "summary.md", f"{config.run.name}: {config.schedule.kind} ES")
+    progress.final(summary, records)
+    return TrainResult(run_dir, trainer.version, trainer.es_update.state.params, records)
