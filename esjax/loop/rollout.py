@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from esjax.agent.buckets import Buckets
 from esjax.agent.scoring import score_candidates
 from esjax.agent.webshop import Candidate, EpisodeMemory, WebShopAgent, page_kind
 from esjax.es.noise import NoiseSpec
@@ -29,6 +30,9 @@ from esjax.model.config import ModelConfig
 from esjax.model.perturb import Perturbation
 
 EpisodeKind = Literal["train", "eval"]
+
+#: Rows in powers of two from 8, sequences from 32 tokens, 16 candidates: a run compiles a few programs.
+ROLLOUT_BUCKETS = Buckets(min_rows=8, min_length=32, min_candidates=16)
 
 
 @dataclasses.dataclass
@@ -82,10 +86,12 @@ class RolloutEngine:
       sigma_at: σ of a version.
       max_steps: episode step cap (an episode that never buys scores 0).
       temperature: sampling temperature over candidate log-likelihoods (training rows); 0 = greedy.
+      buckets: padding of policy calls; coarse buckets keep a run to a handful of compiled programs.
     """
 
     def __init__(self, pool: Any, agent: WebShopAgent, model_config: ModelConfig, noise: NoiseSpec,
-                 sigma_at: Callable[[int], float], max_steps: int, temperature: float = 1.0):
+                 sigma_at: Callable[[int], float], max_steps: int, temperature: float = 1.0,
+                 buckets: Buckets = ROLLOUT_BUCKETS):
         self.pool = pool
         self.agent = agent
         self.model_config = model_config
@@ -93,6 +99,7 @@ class RolloutEngine:
         self.sigma_at = sigma_at
         self.max_steps = max_steps
         self.temperature = temperature
+        self.buckets = buckets
         self.free_rows: list[int] = list(range(len(pool)))[::-1]
         self.live: dict[int, Episode] = {}
 
@@ -166,7 +173,8 @@ class RolloutEngine:
             perturbation = Perturbation.create(
                 self.noise, self.sigma_at(version), [e.version for e in group], [e.index for e in group],
                 [e.kind == "train" for e in group])
-            scores = score_candidates(self.model_config, params_at(version), prompts, cand_ids, perturbation)
+            scores = score_candidates(self.model_config, params_at(version), prompts, cand_ids, perturbation,
+                                      buckets=self.buckets)
             for episode, row_scores in zip(group, scores):
                 choice[episode.row] = self._choose(episode, row_scores[: len(inputs[episode.row][1])])
             stats.calls += 1
