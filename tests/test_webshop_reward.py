@@ -8,7 +8,15 @@ from hypothesis import strategies as st
 from thefuzz import fuzz as thefuzz
 from webshop_fixtures import make_goal, make_product, requires_small, small_shop
 
-from envs.webshop_bridge import OraclePolicy, RandomPolicy, compute_reward, evaluate, fuzzy_match, normalize_color
+from envs.webshop_bridge import (
+    OraclePolicy,
+    RandomPolicy,
+    compute_reward,
+    evaluate,
+    exact_purchase_reward,
+    fuzzy_match,
+    normalize_color,
+)
 from envs.webshop_bridge.fuzzy import preprocess, token_set_ratio
 from envs.webshop_bridge.reward import attribute_matches, option_matches, type_reward
 
@@ -138,32 +146,26 @@ def test_reward_formula_and_breakdown():
 
 # ------------------------------------------------------------------------- faithfulness (small set)
 
-def _exact_purchase(shop, k):
-    goal = shop.goals[k]
-    return compute_reward(shop.product(goal.product_index), goal, shop.price(goal.product_index),
-                          dict(goal.goal_options)).reward
-
-
 @requires_small
 def test_exact_purchases_score_one_on_480_of_first_500():
     shop = small_shop()
-    assert sum(_exact_purchase(shop, k) == 1.0 for k in range(500)) == 480
+    assert sum(exact_purchase_reward(shop, k) == 1.0 for k in range(500)) == 480
     # the misses are option pairs whose value hides a colour word elsewhere, e.g. 'rectangular' -> 'tan'
-    misses = [shop.goals[k] for k in range(500) if _exact_purchase(shop, k) != 1.0]
+    misses = [shop.goals[k] for k in range(500) if exact_purchase_reward(shop, k) != 1.0]
     assert any(g.goal_options.get("item shape") == "rectangular" for g in misses)
 
 
 @requires_small
 def test_exact_purchases_on_all_goals():
     shop = small_shop()
-    assert sum(_exact_purchase(shop, k) == 1.0 for k in range(len(shop.goals))) == 6452
+    assert sum(exact_purchase_reward(shop, k) == 1.0 for k in range(len(shop.goals))) == 6452
 
 
 @requires_small
 def test_oracle_and_random_on_first_500():
     shop = small_shop()
     oracle, episodes = evaluate(shop, OraclePolicy, range(500))
-    exact = [k for k in range(500) if _exact_purchase(shop, k) == 1.0]
+    exact = [k for k in range(500) if exact_purchase_reward(shop, k) == 1.0]
     assert sum(episodes[k].reward == 1.0 for k in exact) >= 0.95 * len(exact)
     assert oracle.success_rate >= 0.9 and oracle.score > 95
     rand, _ = evaluate(shop, lambda: RandomPolicy(0), range(500))

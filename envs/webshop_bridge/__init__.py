@@ -28,6 +28,7 @@ from .policies import (
     Policy,
     RandomPolicy,
     evaluate,
+    exact_purchase_reward,
     oracle_actions,
     page_kind,
     rollout,
@@ -40,11 +41,12 @@ from .shop import Shop, ShopSpec, get_shop, load_webshop
 from .synthetic import SyntheticCatalog, SyntheticGoals, synthetic_shop
 
 __all__ = [
-    "COLOR_SET", "DEFAULT_MAX_STEPS", "SEP", "Catalog", "DataError", "EnvPool", "Episode", "EvalResult", "Goal",
+    "COLOR_SET", "Catalog", "DEFAULT_MAX_STEPS", "DataError", "EnvPool", "Episode", "EvalResult", "Goal",
     "ListCatalog", "OfficialWebShopEnv", "OraclePolicy", "Page", "Policy", "ProcessEnvPool", "Product",
-    "RandomPolicy", "RewardInfo", "SearchEngine", "Shop", "ShopSpec", "SyntheticCatalog", "SyntheticGoals",
-    "WebShopTextEnv", "analyze", "compute_reward", "evaluate", "fuzzy_match", "get_shop", "load_attribute_file",
-    "load_human_instructions", "load_processed_jsonl", "load_raw_products", "load_webshop", "make_splits",
-    "normalize_color", "official_available", "oracle_actions", "page_kind", "parse_action", "rollout", "summarize",
-    "synthetic_shop", "token_set_ratio",
+    "RandomPolicy", "RewardInfo", "SEP", "SearchEngine", "Shop", "ShopSpec", "SyntheticCatalog",
+    "SyntheticGoals", "WebShopTextEnv", "analyze", "compute_reward", "evaluate", "exact_purchase_reward",
+    "fuzzy_match", "get_shop", "load_attribute_file", "load_human_instructions", "load_processed_jsonl",
+    "load_raw_products", "load_webshop", "make_splits", "normalize_color", "official_available",
+    "oracle_actions", "page_kind", "parse_action", "rollout", "summarize", "synthetic_shop",
+    "token_set_ratio",
 ]

@@ -17,7 +17,7 @@ from the environment's own seeded RNG; an optional ``max_steps`` truncates episo
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import pages
 from .goals import Goal
@@ -110,8 +110,6 @@ class WebShopTextEnv:
             raise IndexError(f"goal_index {goal_index} out of range [0, {len(goals)})")
         goal = goals[goal_index]
         if instruction_text is not None:
-            from dataclasses import replace
-
             goal = replace(goal, instruction_text=instruction_text)
         self.session = Session(goal_index, goal, pages.search_page(goal.instruction_text))
         return self.session.page.observation, {"goal_index": goal_index, "page": "search",

@@ -8,13 +8,14 @@ Scores follow WebShop: score = 100 x mean reward, success = share of episodes wi
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from .env import WebShopTextEnv
 from .goals import Goal
 from .pages import BACK_TO_SEARCH, BUY_NOW, NEXT_PAGE, PREV_PAGE
+from .reward import compute_reward
 from .shop import Shop
 
 DEFAULT_MAX_STEPS = 15  # the cap ReAct and verl-agent use
@@ -133,6 +134,17 @@ def rollout(env: WebShopTextEnv, policy: Policy, goal_index: int, max_steps: int
             episode.reward, episode.done, episode.info = reward, True, info
             break
     return episode
+
+
+def exact_purchase_reward(shop: Shop, goal_index: int) -> float:
+    """Reward for buying the goal's own product with exactly the goal's options at its drawn price.
+
+    1.0 for every synthetic-shop goal; 480 of the first 500 goals of WebShop's small set (see reward.py).
+    """
+    goal = shop.goals[goal_index]
+    options = dict(goal.goal_options) if isinstance(goal.goal_options, Mapping) else {}
+    product = shop.product(goal.product_index)
+    return compute_reward(product, goal, shop.price(goal.product_index), options).reward
 
 
 def oracle_actions(shop: Shop, goal_index: int, max_steps: int = DEFAULT_MAX_STEPS) -> list[str]:

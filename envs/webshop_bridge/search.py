@@ -200,13 +200,11 @@ class SearchEngine:
     def search(self, query: str, k: int = SEARCH_RETURN_N) -> list[int]:
         """Top-``k`` matching documents (score desc, then document number asc)."""
         scores = self.scores(query)
-        cand = np.flatnonzero(scores)
-        s = scores[cand]
-        if len(cand) > k:
-            kth = np.partition(s, len(s) - k)[len(s) - k]
-            keep = s >= kth
-            cand, s = cand[keep], s[keep]
-        order = np.lexsort((cand, -s))[:k]
+        n = len(scores)
+        kth = np.partition(scores, n - k)[n - k] if 0 < k < n else 0.0
+        # every document tied with the k-th score is a candidate, so ties can go to the lower number
+        cand = np.flatnonzero(scores >= kth) if kth > 0 else np.flatnonzero(scores)
+        order = np.lexsort((cand, -scores[cand]))[:k]
         return cand[order].tolist()
 
 

@@ -371,9 +371,6 @@ class SyntheticCatalog:
         )
 
     # ----------------------------------------------------------------------------- filters
-    def pricings(self) -> list[tuple[float, ...]]:
-        return [self[i].pricing for i in range(self.num_products)]
-
     def indices_where(self, field: str, value: str) -> list[int]:
         ptype = self.cols.type
         if field == "category":
@@ -472,8 +469,8 @@ class SyntheticCatalog:
             tokens = table[self._fragment_ids(rows, ids, empty)].reshape(len(rows), -1)
             valid = tokens >= 0
             doc_len[rows] = valid.sum(axis=1)
-            local_doc, pos = np.nonzero(valid)
-            keys, tf = np.unique(tokens[local_doc, pos].astype(np.int64) * len(rows) + local_doc,
+            flat = np.flatnonzero(valid)
+            keys, tf = np.unique(tokens.ravel()[flat].astype(np.int64) * len(rows) + flat // tokens.shape[1],
                                  return_counts=True)
             term = (keys // len(rows)).astype(np.int32)
             chunks.append((term, (keys % len(rows) + start).astype(np.int32), tf.astype(np.uint16),
