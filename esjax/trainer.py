@@ -442,6 +442,23 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Co
     return load_config(path, overrides)
 
 
+def load_run(run_dir: str | Path, config: Config | None = None) -> tuple[Any, LoadedPolicy, Any, int]:
+    """(shop, policy, θ of the latest readable checkpoint, its version) of a run directory."""
+    config = config or resume_config(run_dir)
+    shop = build_shop(config)
+    policy = build_policy(config, shop)
+    state = ESUpdate(build_es_config(config), policy.params).state
+    checkpointer = Checkpointer(run_dir, config.run.keep_checkpoints)
+    try:
+        def target(loop: dict[str, Any]) -> dict[str, Any]:
+            return {"state": state, "versions": {str(v): state.params for v in loop["saved_versions"]}}
+
+        _, tree, _ = checkpointer.restore_latest(target)
+    finally:
+        checkpointer.close()
+    return shop, policy, tree["state"].params, int(tree["state"].version)
+
+
 @dataclasses.dataclass
 class TrainResult:
     run_dir: Path

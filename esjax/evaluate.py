@@ -1,0 +1,37 @@
+"""Greedy evaluation of an unperturbed policy on a fixed goal set, with continuous batching.
+
+Shared by ``python -m esjax.eval`` and the embedded policy's scripts; the trainer runs the same greedy
+episodes interleaved with training rollouts instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from esjax.agent.webshop import WebShopAgent
+from esjax.es.noise import NoiseSpec
+from esjax.loop.rollout import RolloutEngine
+from esjax.model.config import ModelConfig
+
+
+def evaluate_policy(model_config: ModelConfig, params: Any, agent: WebShopAgent, shop: Any, goals: list[int],
+                    max_steps: int, batch: int = 256) -> dict[str, Any]:
+    """Score (100 × mean reward), success rate (share of reward 1.0) and per-goal rewards."""
+    from envs.webshop_bridge import EnvPool
+
+    engine = RolloutEngine(EnvPool(shop, max(1, min(batch, len(goals)))), agent, model_config, NoiseSpec(),
+                           lambda v: 0.0, max_steps, temperature=0.0)
+    rewards = np.zeros(len(goals))
+    started = 0
+    while started < len(goals) or engine.live:
+        while started < len(goals) and engine.free:
+            engine.start("eval", 0, 0, 0, goals[started], started, 0, True)
+            started += 1
+        finished, _ = engine.tick(lambda v: params)
+        for episode in finished:
+            rewards[episode.position] = episode.reward
+    return {"score": float(100 * rewards.mean()) if len(goals) else 0.0,
+            "success_rate": float(np.mean(rewards == 1.0)) if len(goals) else 0.0,
+            "goals": len(goals), "rewards": rewards.tolist()}
