@@ -40,10 +40,14 @@ class ESUpdate:
       params: initial θ (ignored when ``state`` is given).
       state: a restored ``ESState`` (resume).
       keep: how many recent versions of θ to keep (K + 1 covers every dispatchable version).
+      update_fn: replaces ``esjax.es.update.update`` (same signature), e.g. the mesh-sharded update of
+        ``esjax.parallel.ShardedES.update_fn``.
     """
 
-    def __init__(self, config: Any, params: PyTree = None, *, state: Any = None, keep: int = 1) -> None:
+    def __init__(self, config: Any, params: PyTree = None, *, state: Any = None, keep: int = 1,
+                 update_fn: Any = None) -> None:
         self._es = _es_update_module()
+        self._update = update_fn if update_fn is not None else self._es.update
         self.config = config
         self.state = state if state is not None else self._es.init(config, params)
         self.keep = max(1, keep)
@@ -63,7 +67,7 @@ class ESUpdate:
     def __call__(self, cohort: Cohort) -> Mapping[str, Any]:
         if cohort.version != self.version:
             raise RuntimeError(f"cohort for version {cohort.version}, but the ES state is at {self.version}")
-        self.state, metrics = self._es.update(
+        self.state, metrics = self._update(
             self.config, self.state, jnp.asarray(cohort.versions, jnp.int32), jnp.asarray(cohort.indices, jnp.int32),
             jnp.asarray(cohort.fitness, jnp.float32))
         self._params[self.version] = self.state.params

@@ -1,0 +1,310 @@
+"""The ES update and the population forward under one ``('data', 'model')`` mesh.
+
+Why this module exists: the ES engine (:mod:`esjax.es.update`) and the decoder (:mod:`esjax.model`) are
+written sharding-agnostic. Here they are compiled with explicit in/out shardings taken from the model's
+logical axis rules (:mod:`esjax.model.sharding`, the one place where shardings are declared), so that
+
+* θ, the optimizer state, θ_0 and the update's gradient accumulator are sharded the same way (heads, MLP
+  width and vocabulary over ``model``); the compiled update never materializes a full replica of θ on one
+  device (checked with :func:`update_memory` / the output shardings);
+* noise is generated shard-locally: with ``jax_threefry_partitionable`` (JAX's default) threefry bits are a
+  function of (key, element index), so every device draws only its slice and the values are bit-identical to
+  the single-device draw (:func:`check_partitionable`);
+* population rows (members × episodes) are sharded over ``data``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from esjax.es.noise import path_str
+from esjax.model.config import ModelConfig
+from esjax.model.decoder import forward
+from esjax.model.perturb import Perturbation
+from esjax.model.sharding import DATA, MODEL, batch_sharding, make_mesh, param_shardings
+
+PyTree = Any
+
+
+def es_module():
+    """The ``esjax.es.update`` *module* (the package re-exports a function under the same name)."""
+    return importlib.import_module("esjax.es.update")
+
+
+class MeshError(ValueError):
+    """A mesh that cannot be built on the available devices (names the axis sizes and device counts)."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Mesh from a config
+# ---------------------------------------------------------------------------------------------------------
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """``'data=2,model=4'`` → ``{'data': 2, 'model': 4}`` (missing axes: data=0 = all devices, model=1)."""
+    out = {DATA: 0, MODEL: 1}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or key.strip() not in out or not value.strip().isdigit():
+            raise MeshError(f"mesh {text!r}: expected 'data=D,model=M' with non-negative integers, got {part!r}")
+        out[key.strip()] = int(value)
+    if out[MODEL] < 1:
+        raise MeshError(f"mesh {text!r}: model must be >= 1")
+    return out
+
+
+def mesh_shape(data: int, model: int, n_devices: int) -> tuple[int, int]:
+    """Resolve ``data=0`` (all devices not used by ``model``) and check the product matches the devices."""
+    if model < 1 or data < 0:
+        raise MeshError(f"mesh: model must be >= 1 and data >= 0, got data={data}, model={model}")
+    if data == 0:
+        if n_devices % model:
+            raise MeshError(f"mesh: model={model} does not divide the {n_devices} devices")
+        data = n_devices // model
+    if data * model != n_devices:
+        raise MeshError(f"mesh: data={data} x model={model} = {data * model} devices, but {n_devices} are "
+                        "available (set mesh.data=0 to use all of them on the data axis)")
+    return data, model
+
+
+def mesh_from_config(mesh_config: Any = None, devices: list[Any] | None = None) -> Mesh:
+    """The run's mesh from a ``mesh`` config section (``.data``, ``.model``; a mapping works too).
+
+    ``data=0`` puts every device not used by ``model`` on the data axis. Devices are taken in
+    ``jax.devices()`` order (grouped by process), so with ``model`` ≤ local devices the model axis stays
+    inside one host (fast links) and ``data`` spans hosts.
+    """
+    if mesh_config is None:
+        data, model = 0, 1
+    elif isinstance(mesh_config, Mapping):
+        data, model = int(mesh_config.get(DATA, 0)), int(mesh_config.get(MODEL, 1))
+    else:
+        data, model = int(getattr(mesh_config, DATA, 0)), int(getattr(mesh_config, MODEL, 1))
+    devices = list(devices if devices is not None else jax.devices())
+    data, model = mesh_shape(data, model, len(devices))
+    return make_mesh(data, model, devices)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Shardings of the ES state (θ, optimizer state, version, θ_0)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _param_index(model_config: ModelConfig, mesh: Mesh) -> dict[str, tuple[tuple[int, ...], NamedSharding]]:
+    from esjax.model.params import param_shapes
+
+    shapes = jax.tree_util.tree_flatten_with_path(param_shapes(model_config))[0]
+    shards = jax.tree.leaves(param_shardings(model_config, mesh), is_leaf=lambda x: isinstance(x, NamedSharding))
+    return {path_str(kp): (tuple(s.shape), sh) for (kp, s), sh in zip(shapes, shards)}
+
+
+def like_params_shardings(tree: PyTree, model_config: ModelConfig, mesh: Mesh) -> PyTree:
+    """Shardings for any tree that holds params-like subtrees (optimizer moments, θ_0, gradients).
+
+    A leaf whose path ends with a parameter's path and has that parameter's shape gets the parameter's
+    sharding (``.../mu/layers/attn/q_proj/kernel`` → like ``layers/attn/q_proj/kernel``); everything else
+    (step counters, version) is replicated.
+    """
+    index = _param_index(model_config, mesh)
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def pick(key_path, leaf):
+        path, shape = path_str(key_path), tuple(np.shape(leaf))
+        for ppath, (pshape, sharding) in index.items():
+            if shape == pshape and (path == ppath or path.endswith("/" + ppath)):
+                return sharding
+        return replicated
+
+    return jax.tree_util.tree_map_with_path(pick, tree)
+
+
+def state_shardings(es_config: Any, model_config: ModelConfig, mesh: Mesh, dtype: Any = None) -> Any:
+    """``ESState``-shaped tree of ``NamedSharding`` for ``init(es_config, params)`` on ``mesh``."""
+    from esjax.model.params import param_shapes
+
+    abstract = jax.eval_shape(lambda p: es_module().init(es_config, p), param_shapes(model_config, dtype))
+    return like_params_shardings(abstract, model_config, mesh)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The sharded update
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ShardedES:
+    """The ES update compiled for one mesh with θ (and its update) sharded by the model's rules.
+
+    ``update_fn`` has the signature of :func:`esjax.es.update.update` (``(config, state, versions, indices,
+    fitness) -> (state, metrics)``), so it can be handed to ``esjax.loop.engine.ESUpdate(update_fn=...)``.
+    Cohort arrays are tiny and replicated; metrics come back replicated.
+
+    Args:
+      es_config: the ``ESConfig`` (static).
+      model_config: the decoder config (gives the parameter layout and logical axes).
+      mesh: a ``('data', 'model')`` mesh.
+      donate: donate the input state's buffers (saves one copy of θ; only when no older version of θ is
+        kept alive, i.e. K = 0 or θ_{t−k} are not needed).
+    """
+
+    es_config: Any
+    model_config: ModelConfig
+    mesh: Mesh
+    donate: bool = False
+    dtype: Any = None
+
+    def __post_init__(self) -> None:
+        es_update = self._es = es_module()
+        self.shardings = state_shardings(self.es_config, self.model_config, self.mesh, self.dtype)
+        self.replicated = NamedSharding(self.mesh, PartitionSpec())
+        rep = self.replicated
+        self._jit = jax.jit(
+            lambda state, versions, indices, fitness: es_update.update(self.es_config, state, versions, indices,
+                                                                        fitness),
+            in_shardings=(self.shardings, rep, rep, rep),
+            out_shardings=(self.shardings, rep),
+            donate_argnums=(0,) if self.donate else (),
+        )
+
+    def place(self, state: Any) -> Any:
+        """Put an ``ESState`` (e.g. restored on host, or freshly initialized) onto the mesh."""
+        return jax.device_put(state, self.shardings)
+
+    def init(self, params: PyTree, version: int = 0) -> Any:
+        """``esjax.es.update.init`` with θ placed on the mesh first (so θ_0 and moments are sharded too)."""
+        params = jax.device_put(params, self.shardings.params)
+        return self.place(self._es.init(self.es_config, params, version))
+
+    def _cohort(self, versions, indices, fitness):
+        return (np.asarray(versions, np.int32), np.asarray(indices, np.int32), np.asarray(fitness, np.float32))
+
+    def update(self, state: Any, versions, indices, fitness) -> tuple[Any, dict[str, jax.Array]]:
+        """One sharded update (state stays on the mesh)."""
+        return self._jit(state, *self._cohort(versions, indices, fitness))
+
+    def update_fn(self, config: Any, state: Any, versions, indices, fitness):
+        """Drop-in for ``esjax.es.update.update`` (``config`` must be this object's ``es_config``)."""
+        if config != self.es_config:
+            raise ValueError("ShardedES.update_fn called with a different ESConfig than it was compiled for")
+        return self.update(state, versions, indices, fitness)
+
+    def lower(self, n: int):
+        """The update lowered for a cohort of ``n`` (abstract inputs: nothing is allocated)."""
+        from esjax.model.params import param_shapes
+
+        abstract = jax.eval_shape(lambda p: self._es.init(self.es_config, p),
+                                  param_shapes(self.model_config, self.dtype))
+        abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
+                                self.shardings)
+        cohort = (jax.ShapeDtypeStruct((n,), jnp.int32), jax.ShapeDtypeStruct((n,), jnp.int32),
+                  jax.ShapeDtypeStruct((n,), jnp.float32))
+        return self._jit.lower(abstract, *cohort)
+
+
+def update_memory(sharded: ShardedES, n: int) -> dict[str, Any]:
+    """Per-device bytes of the compiled update: arguments, outputs, temporaries (``memory_analysis``), and
+    whether every output leaf of θ is sharded like θ (no replica gathered onto one device)."""
+    compiled = sharded.lower(n).compile()
+    stats = compiled.memory_analysis()
+    from esjax.model.params import param_shapes
+
+    shapes = jax.tree.leaves(param_shapes(sharded.model_config, sharded.dtype))
+    outs = jax.tree.leaves(compiled.output_shardings[0].params)
+    wanted = jax.tree.leaves(sharded.shardings.params)
+    same = all(o.is_equivalent_to(w, len(s.shape)) for o, w, s in zip(outs, wanted, shapes))
+    return {
+        "argument_bytes": int(getattr(stats, "argument_size_in_bytes", 0)),
+        "output_bytes": int(getattr(stats, "output_size_in_bytes", 0)),
+        "temp_bytes": int(getattr(stats, "temp_size_in_bytes", 0)),
+        "alias_bytes": int(getattr(stats, "alias_size_in_bytes", 0)),
+        "params_sharded_like_input": bool(same),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Population forward with rows over 'data'
+# ---------------------------------------------------------------------------------------------------------
+
+
+def pad_rows_to(rows: int, mesh: Mesh, multiple: int = 1) -> int:
+    """Smallest row count ≥ ``rows`` that splits evenly over ``data`` (and is a multiple of ``multiple``).
+
+    Rows that do not divide the data axis would be *replicated* by the sharding rules, so drivers pad."""
+    step = int(np.lcm(int(mesh.shape[DATA]), max(1, multiple)))
+    return max(step, -(-rows // step) * step)
+
+
+def shard_rows(x: Any, mesh: Mesh) -> jax.Array:
+    """Place a host array whose leading axis is rows onto ``mesh`` (rows over ``data``)."""
+    x = np.asarray(x) if not isinstance(x, jax.Array) else x
+    return jax.device_put(x, batch_sharding(mesh, x.shape))
+
+
+def shard_perturbation(perturbation: Perturbation, mesh: Mesh) -> Perturbation:
+    """Member ids per row over ``data`` (σ replicated), matching the rows of the tokens."""
+    return dataclasses.replace(
+        perturbation,
+        sigma=jax.device_put(perturbation.sigma, NamedSharding(mesh, PartitionSpec())),
+        versions=shard_rows(perturbation.versions, mesh),
+        indices=shard_rows(perturbation.indices, mesh),
+        active=shard_rows(perturbation.active, mesh),
+    )
+
+
+def population_forward(model_config: ModelConfig, mesh: Mesh,
+                       head: Callable[[jax.Array, jax.Array, jax.Array], jax.Array] | None = None) -> Callable:
+    """A jitted ``fn(params, tokens, mask, perturbation) -> out`` with θ sharded by the model rules and rows
+    over ``data``. ``head(logits, tokens, mask)`` reduces the logits inside the same program (e.g. to a
+    per-row score, so ``[rows, T, vocab]`` never leaves the devices); default: the logits themselves."""
+    p_shard = param_shardings(model_config, mesh)
+
+    def run(params, tokens, mask, perturbation):
+        logits, _ = forward(model_config, params, tokens, mask=mask, perturbation=perturbation)
+        return logits if head is None else head(logits, tokens, mask)
+
+    fn = jax.jit(run)
+
+    def call(params, tokens, mask, perturbation):
+        params = jax.device_put(params, p_shard)  # no-op when already placed
+        return fn(params, shard_rows(tokens, mesh), shard_rows(mask, mesh), shard_perturbation(perturbation, mesh))
+
+    return call
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checks
+# ---------------------------------------------------------------------------------------------------------
+
+
+def check_partitionable() -> None:
+    """Raise if ``jax_threefry_partitionable`` is off (noise would then depend on the sharding)."""
+    if not jax.config.jax_threefry_partitionable:
+        raise RuntimeError("esjax needs jax_threefry_partitionable=True (JAX's default) so sharded noise equals "
+                           "single-device noise; something turned it off")
+
+
+def per_device_bytes(tree: PyTree) -> dict[int, int]:
+    """Measured bytes per device id of the addressable shards of every array in ``tree``."""
+    out: dict[int, int] = {}
+    for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array):
+            for shard in leaf.addressable_shards:
+                out[shard.device.id] = out.get(shard.device.id, 0) + int(shard.data.nbytes)
+    return out
+
+
+def describe_shardings(tree: PyTree) -> dict[str, str]:
+    """``path -> PartitionSpec`` text of every array leaf (for logs and error messages)."""
+    out = {}
+    for kp, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        sharding = getattr(leaf, "sharding", None)
+        out[path_str(kp)] = str(getattr(sharding, "spec", sharding))
+    return out
