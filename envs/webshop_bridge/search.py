@@ -233,11 +233,24 @@ def get_engine(key: str, build, num_docs: int, cache_dir: str | os.PathLike | No
                 engine = None  # a corrupt cache is rebuilt, never fatal
         if engine is None:
             engine = build()
+            if num_docs >= DISK_CACHE_MIN_DOCS:
+                _release_freed_memory()
             if directory is not None:
                 with contextlib.suppress(OSError):  # a read-only cache location just means no caching
                     engine.save(directory)
         _ENGINES[key] = engine
         return engine
+
+
+def _release_freed_memory() -> None:
+    """Hand the index build's freed temporaries back to the OS (glibc keeps them otherwise, which leaves
+    a 1M-product process 100-300 MiB above what it holds). A no-op off glibc."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def clear_engine_cache() -> None:
