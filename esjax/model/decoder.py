@@ -188,6 +188,8 @@ def forward(config: ModelConfig, params: Any, tokens: jax.Array, positions: jax.
     tokens = jnp.asarray(tokens, jnp.int32)
     mask = jnp.ones(tokens.shape, bool) if mask is None else jnp.asarray(mask, bool)
     positions = default_positions(mask) if positions is None else jnp.asarray(positions, jnp.int32)
+    if isinstance(perturbation, Perturbation) and perturbation.rows != tokens.shape[0]:
+        raise ValueError(f"forward: perturbation has {perturbation.rows} rows, tokens have {tokens.shape[0]}")
     prepared = prepare(perturbation, params)
     if prepared is not None and tokens.shape[0] % prepared.groups:
         raise ValueError(f"forward: {tokens.shape[0]} rows do not split into {prepared.groups} member groups")

@@ -138,3 +138,9 @@ def prepare(perturbation: Perturbation | Prepared | None, params: Any) -> Prepar
 
     noise = jax.tree_util.tree_map_with_path(leaf_noise, params)
     return Prepared("lowrank", groups, sigma, noise=noise)
+
+
+#: ``prepare`` as its own program. The policy primitives call this once per call and pass the result to
+#: their jitted forwards: drawing threefry noise for every leaf dominates XLA compile time on CPU (seconds),
+#: so it is compiled once per (spec, member-group count) rather than once per padded batch shape.
+prepare_jit = jax.jit(prepare)

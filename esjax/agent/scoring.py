@@ -1,0 +1,132 @@
+"""Candidate scoring: log-likelihood of K candidate continuations per prompt, per row's ES member.
+
+The prompt is run once per row into a KV cache (left-padded, so every prompt ends at the same slot); the
+cache is repeated for the row's K candidates, which run together in one batch (right-padded) on top of it.
+Each candidate row keeps its prompt row's member, and noise is generated once per member group. Log-probs
+go through the output head in time chunks so ``rows × K × length × vocab`` logits are never all live.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from esjax.agent.batching import check_ids, left_pad, pad_perturbation, right_pad
+from esjax.agent.buckets import DEFAULT_BUCKETS, Buckets
+from esjax.model.config import ModelConfig
+from esjax.model.decoder import default_positions, forward, init_cache, logits_from_hidden
+from esjax.model.perturb import Perturbation, Prepared, prepare_jit
+from esjax.model.sharding import put_batch
+
+#: Upper bound on the float32 logits materialized at once by ``token_logprobs``.
+LOGITS_CHUNK_BYTES = 256 << 20
+
+
+def _time_chunk(rows: int, length: int, vocab: int) -> int:
+    target = max(1, LOGITS_CHUNK_BYTES // max(1, rows * vocab * 4))
+    chunk = 1
+    for c in range(1, length + 1):
+        if length % c == 0 and c <= target:
+            chunk = c
+    return chunk
+
+
+def token_logprobs(config: ModelConfig, params: Any, hidden: jax.Array, targets: jax.Array,
+                   prepared: Prepared | None) -> jax.Array:
+    """``log p(targets[b, t] | hidden[b, t])`` for final-normed ``hidden [B, T, d]``, in time chunks."""
+    B, T, _ = hidden.shape
+    chunk = _time_chunk(B, T, config.vocab_size)
+    h = jnp.moveaxis(hidden.reshape(B, T // chunk, chunk, -1), 1, 0)
+    y = jnp.moveaxis(targets.reshape(B, T // chunk, chunk), 1, 0)
+
+    def one(args):
+        hc, yc = args
+        logp = jax.nn.log_softmax(logits_from_hidden(config, params, hc, prepared), axis=-1)
+        return jnp.take_along_axis(logp, yc[..., None], axis=-1)[..., 0]
+
+    out = jax.lax.map(one, (h, y))  # [T/chunk, B, chunk]
+    return jnp.moveaxis(out, 0, 1).reshape(B, T)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _score_prefix_cached(config: ModelConfig, params, prepared: Prepared | None, p_tok, p_mask, c_tok, c_mask):
+    """``prepared`` holds one noise draw per member group, shared by the prompt and its candidates."""
+    rows, plen = p_tok.shape
+    _, K, clen = c_tok.shape
+    dtype = params["embed"]["embedding"].dtype
+    cache = init_cache(config, rows, plen + clen, dtype)
+    hidden_p, cache = forward(config, params, p_tok, default_positions(p_mask), p_mask, cache, prepared,
+                              return_hidden=True)
+    last = jnp.repeat(hidden_p[:, -1:], K, axis=0)  # predicts each candidate's first token
+    cache = {"k": jnp.repeat(cache["k"], K, axis=1), "v": jnp.repeat(cache["v"], K, axis=1),
+             "valid": jnp.repeat(cache["valid"], K, axis=0), "index": cache["index"]}
+    prompt_len = p_mask.sum(axis=1).astype(jnp.int32)
+    c_pos = jnp.repeat(prompt_len, K)[:, None] + jnp.arange(clen, dtype=jnp.int32)[None]
+    c_tok = c_tok.reshape(rows * K, clen)
+    c_mask = c_mask.reshape(rows * K, clen)
+    hidden_c, _ = forward(config, params, c_tok, c_pos, c_mask, cache, prepared, return_hidden=True)
+    pred = jnp.concatenate([last, hidden_c[:, :-1]], axis=1)
+    logp = token_logprobs(config, params, pred, c_tok, prepared)
+    return jnp.where(c_mask, logp, 0.0).sum(axis=1).reshape(rows, K)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _score_full_sequence(config: ModelConfig, params, prepared: Prepared | None, p_tok, p_mask, c_tok, c_mask):
+    rows, plen = p_tok.shape
+    _, K, clen = c_tok.shape
+    tok = jnp.concatenate([jnp.repeat(p_tok, K, axis=0), c_tok.reshape(rows * K, clen)], axis=1)
+    mask = jnp.concatenate([jnp.repeat(p_mask, K, axis=0), c_mask.reshape(rows * K, clen)], axis=1)
+    hidden, _ = forward(config, params, tok, default_positions(mask), mask, None, prepared, return_hidden=True)
+    pred = hidden[:, plen - 1:-1]
+    logp = token_logprobs(config, params, pred, tok[:, plen:], prepared)
+    return jnp.where(mask[:, plen:], logp, 0.0).sum(axis=1).reshape(rows, K)
+
+
+def score_candidates(config: ModelConfig, params: Any, prompt_ids: Sequence[Sequence[int]],
+                     candidate_ids: Sequence[Sequence[Sequence[int]]], perturbation: Perturbation | None = None, *,
+                     buckets: Buckets = DEFAULT_BUCKETS, prefix_cache: bool = True) -> np.ndarray:
+    """Sum of log-probs of each candidate given its row's prompt: ``float32 [rows, max K]``.
+
+    Args:
+      prompt_ids: one non-empty token list per row.
+      candidate_ids: per row, a list of candidate token lists (rows may have different counts; missing
+        entries score ``-inf``; an empty candidate scores 0).
+      perturbation: per-row members (``rows`` rows), or None for the plain model.
+      buckets: padding policy for rows, prompt / candidate lengths and candidate counts.
+      prefix_cache: False runs every prompt+candidate as a full sequence (the reference / baseline).
+    """
+    rows = len(prompt_ids)
+    if len(candidate_ids) != rows:
+        raise ValueError(f"score_candidates: {rows} prompts but {len(candidate_ids)} candidate lists")
+    if rows == 0:
+        return np.zeros((0, 0), np.float32)
+    check_ids(prompt_ids, config.vocab_size, "prompt_ids")
+    for r, cands in enumerate(candidate_ids):
+        check_ids(cands, config.vocab_size, f"candidate_ids[{r}]", allow_empty=True)
+    counts = [len(c) for c in candidate_ids]
+    k_max = max(max(counts), 1)
+    group = 1 if perturbation is None else perturbation.group_size
+    rows_b = buckets.row(rows, multiple=group)
+    k_b = buckets.candidate(k_max)
+    plen = buckets.length(max(len(p) for p in prompt_ids))
+    clen = buckets.length(max([len(c) for cands in candidate_ids for c in cands] + [1]))
+
+    p_tok, p_mask = left_pad(prompt_ids, rows_b, plen)
+    flat = [list(c) for cands in candidate_ids for c in list(cands) + [[]] * (k_b - len(cands))]
+    flat += [[]] * ((rows_b - rows) * k_b)
+    c_tok, c_mask = right_pad(flat, rows_b * k_b, clen)
+    c_tok = c_tok.reshape(rows_b, k_b, clen)
+    c_mask = c_mask.reshape(rows_b, k_b, clen)
+    pert = pad_perturbation(perturbation, rows, rows_b)
+    fn = _score_prefix_cached if prefix_cache else _score_full_sequence
+    prepared = None if pert is None else prepare_jit(pert, params)
+    out = fn(config, params, prepared, *(put_batch(a) for a in (p_tok, p_mask, c_tok, c_mask)))
+    scores = np.array(jax.device_get(out), np.float32)[:rows, :k_max]
+    for r, n in enumerate(counts):
+        scores[r, n:] = -np.inf
+    return scores
