@@ -122,11 +122,12 @@ def load_webshop(path: str | os.PathLike, *, attributes_file: str | os.PathLike 
 
 @dataclass(frozen=True)
 class ShopSpec:
-    """A picklable recipe for a Shop: ``kind`` is 'webshop' (``path``) or 'synthetic' (``num_products``)."""
+    """A picklable recipe for a Shop: ``kind`` is 'webshop' (``path``; ``num_products`` None = all) or
+    'synthetic' (``num_products``, default 300)."""
 
     kind: str = "synthetic"
     path: str | None = None
-    num_products: int | None = 300
+    num_products: int | None = None
     seed: int = 0
     goals: str = "synthetic"
 
