@@ -31,6 +31,7 @@ class SmokeResult:
     coordinator: Any
     records: list[Any]
     ticks: int
+    sharded: Any = None
 
     def params_numpy(self) -> dict[str, np.ndarray]:
         """θ gathered to host as ``{path: array}`` (collective when θ spans processes)."""
@@ -68,6 +69,18 @@ def _row_tokens(goals: tuple[int, ...], index: int, length: int, vocab: int) -> 
     return ((base + 13 * np.arange(length)) % vocab).astype(np.int32)
 
 
+def smoke_es_config(mode: str = "lowrank", seed: int = 0) -> Any:
+    """The ES settings of the smoke run (z-scores: continuous in fitness, so last-bit differences between
+    meshes cannot flip a rank and change the update)."""
+    from esjax.es.noise import NoiseSpec
+    from esjax.model.params import matrices_scope
+    from esjax.parallel.sharded import es_module
+
+    return es_module().ESConfig(
+        noise=NoiseSpec(seed=seed + 1, mode=mode, rank=2, antithetic=True, scope=matrices_scope()),
+        sigma=0.05, learning_rate=0.02, scale="llm", shaping="z_score")
+
+
 def deterministic_run(mesh: Any, *, updates: int = 3, population: int = 4, max_lag: int = 1, slots: int = 6,
                       seq_len: int = 8, mode: str = "lowrank", seed: int = 0, model_config: Any = None,
                       checkpoint_dir: str | None = None) -> SmokeResult:
@@ -79,20 +92,17 @@ def deterministic_run(mesh: Any, *, updates: int = 3, population: int = 4, max_l
     import jax
     import jax.numpy as jnp
 
-    from esjax.es.noise import NoiseSpec
     from esjax.loop.coordinator import Coordinator, CoordinatorConfig
     from esjax.loop.engine import ESUpdate
     from esjax.loop.schedules import Async
-    from esjax.model.params import init_params, matrices_scope
+    from esjax.model.params import init_params
     from esjax.model.perturb import Perturbation
     from esjax.model.testing import tiny_config
     from esjax.parallel.multihost import exchange_results, local_rows, owned_rows
-    from esjax.parallel.sharded import ShardedES, es_module, pad_rows_to, population_forward
+    from esjax.parallel.sharded import ShardedES, pad_rows_to, population_forward
 
     cfg = model_config if model_config is not None else tiny_config()
-    es_config = es_module().ESConfig(
-        noise=NoiseSpec(seed=seed + 1, mode=mode, rank=2, antithetic=True, scope=matrices_scope()),
-        sigma=0.05, learning_rate=0.02, scale="llm", shaping="z_score")
+    es_config = smoke_es_config(mode, seed)
     sharded = ShardedES(es_config, cfg, mesh)
     params = init_params(cfg, jax.random.key(seed))
     engine = ESUpdate(es_config, state=sharded.init(params), keep=max_lag + 1, update_fn=sharded.update_fn)
@@ -141,7 +151,7 @@ def deterministic_run(mesh: Any, *, updates: int = 3, population: int = 4, max_l
 
     if checkpoint_dir is not None:
         _checkpoint_roundtrip(checkpoint_dir, engine.state, coord)
-    return SmokeResult(engine.state, coord, records, tick)
+    return SmokeResult(engine.state, coord, records, tick, sharded)
 
 
 def _checkpoint_roundtrip(directory: str, state: Any, coord: Any) -> None:
@@ -152,7 +162,7 @@ def _checkpoint_roundtrip(directory: str, state: Any, coord: Any) -> None:
 
     ckpt = Checkpointer(directory)
     ckpt.save(int(state.version), state, coord.state_dict())
-    step, restored, loop_state = ckpt.restore_latest(state)
+    step, restored, loop_state = ckpt.restore_latest(lambda loop: state)
     ckpt.close()
     if step != int(state.version) or loop_state != json.loads(json.dumps(coord.state_dict())):
         raise RuntimeError(f"checkpoint round trip changed the loop state (step {step})")
@@ -182,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         multihost.initialize()
     import jax
 
-    from esjax.parallel.sharded import mesh_from_config, parse_mesh
+    from esjax.parallel.multihost import owned_rows
+    from esjax.parallel.sharded import mesh_from_config, pad_rows_to, parse_mesh
 
     mesh = mesh_from_config(parse_mesh(args.mesh))
     result = deterministic_run(mesh, updates=args.updates, mode=args.mode, checkpoint_dir=args.checkpoint_dir)
@@ -190,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     totals = result.coordinator.totals()
     line = {"process": jax.process_index(), "processes": jax.process_count(), "devices": jax.device_count(),
             "mesh": dict(mesh.shape), "version": int(result.state.version),
-            "checksum": float(f"{checksum(params):.7g}"), "lag_hist": totals["lag_hist"], "ticks": result.ticks}
+            "checksum": float(f"{checksum(params):.7g}"), "lag_hist": totals["lag_hist"], "ticks": result.ticks,
+            "owned_rows": owned_rows(mesh, pad_rows_to(6, mesh)).tolist()}
     print(json.dumps(line), flush=True)
     if args.out and jax.process_index() == 0:
         np.savez(args.out, **{k.replace("/", "."): v for k, v in params.items()})
