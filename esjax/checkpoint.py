@@ -48,6 +48,8 @@ class Checkpointer:
     def save(self, step: int, es_state: PyTree, loop_state: dict[str, Any]) -> None:
         """Write one checkpoint (blocking: the loop state must be on disk before work continues)."""
         args = ocp.args.Composite(es=ocp.args.StandardSave(es_state), loop=ocp.args.JsonSave(loop_state))
+        if step in self.manager.all_steps():  # an unreadable step left behind by a resume that fell back
+            self.manager.delete(step)
         self.manager.save(step, args=args, force=True)
         self.manager.wait_until_finished()
 

@@ -241,6 +241,7 @@ class Trainer:
             "coordinator": self.coord.state_dict(),
             "saved_versions": self._needed_versions(),
             "episodes": [self.engine.live[row].to_dict() for row in sorted(self.engine.live)],
+            "free_rows": list(self.engine.free_rows),
             "jobs": {str(jid): {"started_tick": jp.started_tick, "started": jp.started,
                                 "rewards": {str(k): v for k, v in jp.rewards.items()}}
                      for jid, jp in sorted(self.jobs.items())},
@@ -288,7 +289,8 @@ class Trainer:
         for data in loop["episodes"]:
             self.engine.start(data["kind"], int(data["owner"]), int(data["version"]), int(data["index"]),
                               int(data["goal"]), int(data["position"]), int(data["sampling_seed"]),
-                              bool(data["greedy"]), data["trace"])
+                              bool(data["greedy"]), data["trace"], row=int(data["row"]))
+        self.engine.free_rows = [int(r) for r in loop["free_rows"]]  # same row order as the original run
         return step
 
     # ----------------------------------------------------------------------------------------- the loop

@@ -62,7 +62,7 @@ class Episode:
 
     def to_dict(self) -> dict[str, Any]:
         """What a checkpoint needs to rebuild this episode (see :meth:`RolloutEngine.start`)."""
-        return {"kind": self.kind, "owner": self.owner, "version": self.version, "index": self.index,
+        return {"row": self.row, "kind": self.kind, "owner": self.owner, "version": self.version, "index": self.index,
                 "goal": self.goal, "position": self.position, "sampling_seed": self.sampling_seed,
                 "greedy": self.greedy, "trace": [list(t) for t in self.trace]}
 
@@ -113,11 +113,19 @@ class RolloutEngine:
         return len(self.free_rows)
 
     def start(self, kind: EpisodeKind, owner: int, version: int, index: int, goal: int, position: int,
-              sampling_seed: int, greedy: bool, trace: Sequence[Sequence[str]] = ()) -> Episode:
-        """Open an episode in a free row; a ``trace`` of (candidate text, action) pairs is replayed first."""
+              sampling_seed: int, greedy: bool, trace: Sequence[Sequence[str]] = (), row: int | None = None
+              ) -> Episode:
+        """Open an episode in a free row; a ``trace`` of (candidate text, action) pairs is replayed first.
+
+        ``row`` pins the env row (a resumed run puts every episode back where it was, so batches are
+        assembled in the same order as in the uninterrupted run).
+        """
         if not self.free_rows:
             raise RuntimeError("no free env rows: start fewer episodes or raise the pool's capacity")
-        row = self.free_rows.pop()
+        if row is None:
+            row = self.free_rows.pop()
+        else:
+            self.free_rows.remove(row)
         observation, _ = self.pool.reset_one(row, goal)
         env = self.pool.envs[row]
         episode = Episode(row, kind, owner, version, index, goal, position, sampling_seed, greedy,

@@ -1,0 +1,149 @@
+"""The trainer end to end on a tiny random policy: determinism, SIGKILL + resume, checkpoint fallback,
+eval and export, and real WebShop data."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from esjax.config import load_config
+from esjax.trainer import load_run, train
+
+REPO = Path(__file__).resolve().parents[1]
+WEBSHOP_SMALL = Path(os.environ.get("ESJAX_WEBSHOP_SMALL", REPO.parent / "shared" / "webshop_small"))
+
+TINY = ["model.source=random", "run.updates=4", "run.eval_every=2", "run.checkpoint_every=1", "es.population=8",
+        "schedule.slots=4", "env.eval_goals=6", "env.tasks_per_member=2", "env.num_products=100",
+        "env.max_steps=6", "run.progress=false", "es.sigma=0.05", "es.learning_rate=0.05"]
+
+
+def _params_equal(a, b) -> bool:
+    return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def _strip_times(records):
+    drop = {"wall_time", "seconds", "episodes_per_s", "tokens_per_s", "eval_seconds", "update_seconds"}
+    return [{k: v for k, v in r.items() if k not in drop} for r in records]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("reference")
+    return train(load_config(None, TINY), run_dir=run_dir)
+
+
+def test_run_directory_holds_everything(reference_run):
+    run_dir = reference_run.run_dir
+    for name in ("config.yaml", "run.json", "metrics.jsonl", "summary.md", "plots/score.png", "plots/staleness.png"):
+        assert (run_dir / name).is_file(), name
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["seed"] == 0 and meta["jax"] == jax.__version__
+    updates = [r for r in reference_run.records if r["kind"] == "update"]
+    evals = [r for r in reference_run.records if r["kind"] == "eval"]
+    assert [r["version"] for r in updates] == [1, 2, 3, 4]
+    assert [r["version"] for r in evals] == [0, 2, 4]
+    assert all(sum(r["lag_hist"].values()) == 8 for r in updates)  # every cohort has exactly N members
+    assert all(int(lag) <= 1 for r in updates for lag in r["lag_hist"])  # K = 1
+    assert reference_run.version == 4
+    png = (run_dir / "plots" / "score.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rerun_is_bit_identical(reference_run, tmp_path):
+    again = train(load_config(None, TINY), run_dir=tmp_path / "again")
+    assert _params_equal(reference_run.params, again.params)
+    assert _strip_times(reference_run.records) == _strip_times(again.records)
+
+
+def _run_cli(*args, **kwargs):
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          **kwargs)
+
+
+def test_sigkill_then_resume_is_bit_identical(reference_run, tmp_path):
+    run_dir = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "esjax.run", "--run-dir", str(run_dir)]
+    for item in TINY:
+        cmd += ["--set", item]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 500
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if (run_dir / "checkpoints" / "2").is_dir():
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    resumed = _run_cli("esjax.run", "--resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    _, _, params, version = load_run(run_dir)
+    assert version == 4
+    assert _params_equal(reference_run.params, params)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert _strip_times(records) == _strip_times(reference_run.records)  # no record lost or duplicated
+
+
+def test_corrupt_latest_checkpoint_falls_back(reference_run, tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "corrupt"
+    shutil.copytree(reference_run.run_dir, run_dir)
+    latest = run_dir / "checkpoints" / "4"
+    for path in latest.rglob("*"):
+        if path.is_file() and path.name != "commit_success.txt":
+            path.write_bytes(b"corrupted")
+    with pytest.warns(RuntimeWarning, match="falling back to the previous checkpoint"):
+        _, _, _, version = load_run(run_dir)
+    assert version == 3
+    resumed = _run_cli("esjax.run", "--resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "falling back to the previous checkpoint" in resumed.stderr
+    _, _, params, version = load_run(run_dir)
+    assert version == 4 and _params_equal(reference_run.params, params)
+
+
+def test_eval_and_export_of_a_run(reference_run, tmp_path):
+    out = _run_cli("esjax.eval", "--run-dir", str(reference_run.run_dir), "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    last_eval = [r for r in reference_run.records if r["kind"] == "eval"][-1]
+    assert result["goals"] == 6 and result["score"] == pytest.approx(last_eval["score"])
+
+    export_dir = tmp_path / "hf"
+    out = _run_cli("esjax.export", "--run-dir", str(reference_run.run_dir), "--out", str(export_dir))
+    assert out.returncode == 0, out.stderr[-2000:]
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from esjax.model.decoder import forward
+    from esjax.model.hf import load_pretrained
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32)
+    tokens = np.array([[3, 17, 42, 7, 99, 5]])
+    with torch.no_grad():
+        ref = model(torch.tensor(tokens)).logits.numpy()
+    pre = load_pretrained(export_dir)
+    ours, _ = forward(pre.config, reference_run.params, jax.numpy.asarray(tokens))
+    np.testing.assert_allclose(np.asarray(ours), ref, atol=1e-4)
+
+
+@pytest.mark.skipif(not WEBSHOP_SMALL.is_dir(), reason="../shared/webshop_small is absent")
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_runs_on_real_webshop_data(kind, tmp_path):
+    overrides = [*TINY, f"env.data={WEBSHOP_SMALL}", f"schedule.kind={kind}", "run.updates=2",
+                 "run.checkpoint_every=2", "run.eval_every=2"]
+    result = train(load_config(None, overrides), run_dir=tmp_path / kind)
+    updates = [r for r in result.records if r["kind"] == "update"]
+    assert result.version == 2 and len(updates) == 2
+    if kind == "sync":
+        assert all(set(r["lag_hist"]) == {"0"} for r in updates)
