@@ -36,6 +36,8 @@ class RunSection(_Section):
     deterministic: bool = Field(True, description="fixed tick order: bit-identical reruns")
     tensorboard: bool = False
     progress: bool = True
+    compilation_cache: str | None = Field(
+        "~/.cache/esjax/xla", description="persistent XLA compilation cache (null: off); reruns start faster")
     max_nonfinite_updates: int = Field(10, ge=0, description="stop after this many rejected non-finite updates")
 
 

@@ -469,8 +469,21 @@ class TrainResult:
     records: list[dict[str, Any]]
 
 
+def enable_compilation_cache(path: str | None) -> None:
+    """Reuse compiled programs across runs (an explicit JAX_COMPILATION_CACHE_DIR wins)."""
+    import os
+
+    if path is None or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    folder = Path(path).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
 def train(config: Config, run_dir: str | Path | None = None, resume: bool = False) -> TrainResult:
     """Run (or resume) a training job and write its run directory; returns the final θ and records."""
+    enable_compilation_cache(config.run.compilation_cache)
     run_dir = Path(run_dir or config.run.run_dir or default_run_dir(config))
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
