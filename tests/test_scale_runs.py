@@ -122,6 +122,7 @@ def _free_port() -> int:
 
 
 def test_two_processes_match_one_process_and_share_a_checkpoint(reference, tmp_path):
+    """Capacity 1 per exchange round: ticks where a process finished several rows take several rounds."""
     port = _free_port()
     run_dir, out = tmp_path / "run", tmp_path / "mp.npz"
     procs = []
@@ -130,7 +131,7 @@ def test_two_processes_match_one_process_and_share_a_checkpoint(reference, tmp_p
                    ESJAX_PROCESS_ID=str(pid), ESJAX_CPU_DEVICES="2", ESJAX_INIT_TIMEOUT="60",
                    ESJAX_HEARTBEAT_TIMEOUT="30")
         cmd = [sys.executable, "-m", "esjax.parallel.smoke", "--distributed", "--mesh", "data=2,model=2",
-               "--checkpoint-dir", str(run_dir), "--out", str(out)]
+               "--checkpoint-dir", str(run_dir), "--out", str(out), "--exchange-capacity", "1"]
         procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     outputs = []

@@ -11,9 +11,10 @@ so all replicas take identical decisions without a leader.
 
 Settings come from the config or the environment (:meth:`DistributedConfig.from_env`); with nothing set,
 JAX's cluster auto-detection (TPU pods, SLURM, Open MPI, Kubernetes/GKE) fills them in. Timeouts are
-bounded: a peer that never shows up makes ``initialize`` fail after ``init_timeout`` seconds with
-:class:`DistributedError`, and a peer that dies mid-run stops sending heartbeats, after which JAX's
-coordination service terminates the survivors with "the JAX distributed service detected fatal errors …
+bounded: a peer that never shows up makes ``initialize`` fail after ``init_timeout`` seconds (JAX's
+runtime terminates the process; esjax first prints a ``DistributedError`` line saying what to check),
+and a peer that dies mid-run stops sending heartbeats, after which JAX's coordination service terminates
+the survivors with "the JAX distributed service detected fatal errors …
 another task died" within ``heartbeat_timeout`` seconds instead of letting them hang in a collective.
 """
 
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -164,6 +167,11 @@ def initialize(config: DistributedConfig | None = None) -> ProcessInfo:
     where = (f"coordinator {config.coordinator_address or '<auto-detected>'}, process "
              f"{config.process_id if config.process_id is not None else '?'} of "
              f"{config.num_processes if config.num_processes is not None else '?'}")
+    # JAX aborts the process (LOG(FATAL), not a Python exception) when the job does not form in time; say
+    # what to check just before that happens.
+    watchdog = threading.Timer(max(0.5, config.init_timeout - 0.25), _say_init_timeout, (where, config.init_timeout))
+    watchdog.daemon = True
+    watchdog.start()
     try:
         jax.distributed.initialize(**kwargs)
     except (ValueError, TypeError) as err:
@@ -173,9 +181,20 @@ def initialize(config: DistributedConfig | None = None) -> ProcessInfo:
     except Exception as err:  # noqa: BLE001 - XlaRuntimeError (DEADLINE_EXCEEDED, UNAVAILABLE, ...)
         first = str(err).splitlines()[0][:300] if str(err) else err.__class__.__name__
         raise DistributedError(f"jax.distributed.initialize ({where}) failed within {config.init_timeout} s: "
-                               f"{first}. Check that every process was started with the same coordinator "
-                               "address and process count, and that the port is reachable") from None
+                               f"{first}. {_CHECK}") from None
+    finally:
+        watchdog.cancel()
     return process_info()
+
+
+_CHECK = ("Check that every process was started with the same coordinator address and process count, that "
+          "process 0 is running, and that the port is reachable")
+
+
+def _say_init_timeout(where: str, timeout: int) -> None:
+    sys.stderr.write(f"esjax: DistributedError: the multi-process job did not form within {timeout} s ({where}). "
+                     f"{_CHECK}. JAX's runtime now terminates this process.\n")
+    sys.stderr.flush()
 
 
 def shutdown() -> None:
