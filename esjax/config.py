@@ -213,21 +213,44 @@ def config_from_dict(raw: dict[str, Any], source: str = "<config>") -> Config:
         raise ConfigError(_format_validation_error(err, source)) from None
 
 
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A config file as a dict, with ``extends: OTHER.yaml`` (relative to the file) merged underneath."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{where}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    if not isinstance(parent, str):
+        raise ConfigError(f"{path}: extends: expected a file name, got {parent!r}")
+    parent_file = (file.parent / parent).resolve()
+    if parent_file in _seen:
+        raise ConfigError(f"{path}: extends: {parent} forms a cycle")
+    return _deep_merge(read_yaml(parent_file, (*_seen, file.resolve())), raw)
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
     """Read a YAML config file (or defaults when ``path`` is None) and apply ``--set`` overrides."""
     source = str(path) if path is not None else "<defaults>"
-    raw: dict[str, Any] = {}
-    if path is not None:
-        file = Path(path)
-        if not file.is_file():
-            raise ConfigError(f"{source}: config file not found")
-        try:
-            raw = yaml.safe_load(file.read_text()) or {}
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{source}: not valid YAML{where}") from None
-    raw = copy.deepcopy(raw)
+    raw: dict[str, Any] = read_yaml(path) if path is not None else {}
     for text in overrides or []:
         key, value = parse_override(text)
         _set_dotted(raw, key, value, source)
