@@ -9,9 +9,9 @@ episode-duration distribution and seed, and reports the ratio ``sync wall-clock 
     python benchmarks/async_vs_sync.py --durations-file times.txt   # add measured episode times
 
 The simulated speedup is an upper bound for the real loop: it ignores update time and policy-forward
-batching effects. TODO(issue 5, rollout loop): ``real_loop_speedup`` below must run the real
-continuous-batching loop on the embedded setup (sync vs async, same seed) once ``esjax/loop/rollout.py``,
-the embedded policy and the WebShop bridge land.
+batching effects. ``real_loop_speedup`` below runs the real continuous-batching
+loop on the embedded setup (sync vs async, same seed, same process) beside the simulation; ``--no-real``
+skips it.
 """
 
 from __future__ import annotations
@@ -49,13 +49,40 @@ def run_one(schedule, k: int, n: int, workers: int, durations: Durations, update
     return simulate(coord, workers=workers, durations=durations, updates=updates, seed=seed, keep_records=False)
 
 
-def real_loop_speedup() -> str:
-    """TODO(issue 5, rollout loop): sync vs async wall-clock of the real loop on the embedded setup."""
-    try:
-        from esjax.loop import rollout  # noqa: F401
-    except ImportError:
-        return "real-loop speedup on the embedded setup: not measured yet (esjax/loop/rollout.py has not landed)"
-    return "real-loop speedup on the embedded setup: TODO — wire esjax.loop.rollout here"
+def real_loop_speedup(updates: int = 8, config_path: str = "configs/default.yaml") -> str:
+    """Sync vs async wall-clock of the real continuous-batching loop on the embedded setup (same seed).
+
+    Both runs happen in this process after a warm-up run, so neither pays for compilation; evaluation is
+    pushed past the end so only training rollouts and updates are timed.
+    """
+    import tempfile
+
+    from esjax.agent.policy import EMBEDDED_POLICY_DIR
+    from esjax.config import load_config
+    from esjax.trainer import train
+
+    base = [f"run.updates={updates}", f"run.eval_every={10 * updates}", "env.eval_goals=1", "run.progress=false",
+            f"run.checkpoint_every={10 * updates}"]
+    if not (EMBEDDED_POLICY_DIR / "config.json").is_file():
+        base.append("model.source=random")
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        train(load_config(config_path, [*base, "run.updates=1"]), run_dir=f"{tmp}/warmup")
+        for kind, max_lag in (("sync", 0), ("async", 1)):
+            config = load_config(config_path, [*base, f"schedule.kind={kind}", f"schedule.max_lag={max_lag}"])
+            started = time.perf_counter()
+            result = train(config, run_dir=f"{tmp}/{kind}")
+            seconds = time.perf_counter() - started
+            last = [r for r in result.records if r["kind"] == "update"][-1]
+            ticks = last["tick"]
+            util = sum(r["slot_utilization"] for r in result.records if r["kind"] == "update") / updates
+            results[kind] = (seconds, ticks, util, config)
+    (s_sec, s_ticks, s_util, cfg), (a_sec, a_ticks, a_util, _) = results["sync"], results["async"]
+    return (f"real loop ({config_path}, N={cfg.es.population}, slots={cfg.schedule.slots}, "
+            f"{cfg.env.tasks_per_member} tasks/member, {updates} updates, model={cfg.model.source}): "
+            f"sync {s_sec:.1f} s / {s_ticks} ticks (slot util {s_util:.2f}), async K=1 {a_sec:.1f} s / {a_ticks} "
+            f"ticks (slot util {a_util:.2f}); async speedup {s_sec / a_sec:.2f}x wall-clock, "
+            f"{s_ticks / a_ticks:.2f}x in ticks")
 
 
 def main() -> None:
@@ -65,6 +92,8 @@ def main() -> None:
     parser.add_argument("--workers", type=str, default="8,32,64")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="100 updates, G=32 only")
+    parser.add_argument("--no-real", action="store_true", help="skip the real-loop measurement")
+    parser.add_argument("--real-updates", type=int, default=8, help="updates per real-loop run")
     parser.add_argument("--durations-file", type=Path, help="measured episode durations, one per line")
     args = parser.parse_args()
     updates = 100 if args.quick else args.updates
@@ -108,7 +137,8 @@ def main() -> None:
     paper_sync = run_one(Sync(), 0, 30, 4, LogNormal(1.0), updates, args.seed)
     print(f"published setup (G=4, N=30, K=1, lognormal s=1): async stale fraction "
           f"{paper.totals['stale_fraction']:.3f}, speedup {paper_sync.wall_clock / paper.wall_clock:.2f}x")
-    print(real_loop_speedup())
+    if not args.no_real:
+        print(real_loop_speedup(args.real_updates))
 
 
 if __name__ == "__main__":
