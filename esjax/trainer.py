@@ -351,7 +351,10 @@ class Trainer:
                "slot_utilization": self.busy_ticks / ticks, "rows_per_tick": self.rows_since_update / ticks,
                "episodes_per_s": self.episodes_since_update / max(now - self.last_update_wall, 1e-9),
                "tokens_per_s": self.tokens_since_update / max(now - self.last_update_wall, 1e-9),
-               "seconds": now - self.last_update_wall}
+               "seconds": now - self.last_update_wall,
+               # rollout time (ticks) of each accepted member, in acceptance order: the measured
+               # episode-duration distribution that experiments/wallclock.py feeds to the simulator
+               "durations": [float(d) for d in record.cohort.durations]}
         writer.write(out)
         progress.update(self.version, out, self.coord.totals())
         self.busy_ticks = 0.0
