@@ -9,7 +9,7 @@ are exact; activations and the update's scratch are estimates (labelled so).
 What is counted, per device:
 
 * θ of the K + 1 live versions (members dispatched at t − K … t are still running on their own θ);
-* optimizer state (SGD: none; momentum: 1 × θ in f32; Adam: 2 × θ in f32) and θ_0 with anchor decay;
+* optimizer state (SGD: none; momentum: 1 × θ; Adam: 2 × θ, in θ's dtype as optax keeps them) and θ_0;
 * the KV cache of ``batch`` sequences × ``context`` slots (rows padded to a multiple of ``data``: rows that
   do not split over ``data`` would be replicated by the sharding rules);
 * rollout extras: low-rank factors per member, or, in full mode, one materialized θ per member in the batch;

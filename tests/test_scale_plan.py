@@ -1,0 +1,112 @@
+"""The memory planner: built-in configs match the published parameter counts, and its parameter and KV-cache
+bytes equal the bytes measured on 8 simulated devices for a small model (θ, the cache, and the compiled
+update's memory analysis, which the planner's update estimate must cover)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from esjax.plan import BUILTIN, plan_memory, resolve_model
+from esjax.plan.memory import parse_bytes
+
+REPO = Path(__file__).resolve().parents[1]
+
+PUBLISHED_PARAMS = {"Qwen2.5-0.5B": 494_032_768, "Qwen2.5-1.5B": 1_543_714_304, "Qwen2.5-3B": 3_085_938_688,
+                    "Qwen2.5-7B": 7_615_616_512, "Llama-3.2-1B": 1_235_814_400}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
+def test_builtin_configs_have_the_published_parameter_counts(name):
+    plan = plan_memory(BUILTIN[name], label=name)
+    assert plan.settings["param_count"] == PUBLISHED_PARAMS[name]
+    assert plan.line("θ_t").bytes == 2 * PUBLISHED_PARAMS[name]  # bf16, one device
+
+
+def test_resolve_model_by_hub_name_and_folder(tmp_path):
+    assert resolve_model("Qwen/Qwen2.5-7B-Instruct")[1] == "Qwen2.5-7B"
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 100, "tie_word_embeddings": True}))
+    config, label = resolve_model(str(tmp_path))
+    assert config.hidden_size == 64 and label == str(tmp_path)
+    with pytest.raises(ValueError, match="built-in"):
+        resolve_model("gpt-5")
+
+
+def test_plan_scales_with_mesh_lag_and_mode():
+    cfg = BUILTIN["Qwen2.5-7B"]
+    one = plan_memory(cfg, population=30, max_lag=1)
+    tp = plan_memory(cfg, model=4, population=30, max_lag=1)
+    assert tp.line("θ_t").bytes < one.line("θ_t").bytes / 3.9  # everything but the norms is split 4 ways
+    lag3 = plan_memory(cfg, population=30, max_lag=3)
+    assert lag3.rollout_peak - one.rollout_peak == 2 * one.line("θ_t").bytes
+    full = plan_memory(cfg, population=30, mode="full")
+    assert full.rollout_peak > 30 * one.line("θ_t").bytes and not full.fits
+    adam = plan_memory(cfg, optimizer="adam")
+    assert adam.line("optimizer state (adam)").bytes == pytest.approx(2 * one.line("θ_t").bytes, rel=1e-6)  # θ dtype
+    assert parse_bytes("80GB") == 80 * 10**9 and parse_bytes("16GiB") == 16 << 30
+
+
+def test_cli_prints_the_plan_and_fails_cleanly():
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    cmd = [sys.executable, "-m", "esjax.plan", "--model", "Qwen2.5-0.5B", "--mesh", "data=2,model=1",
+           "--population", "30", "--max-lag", "1", "--device-memory", "24GB"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "FITS" in proc.stdout and "KV cache (30 rows x 2048 slots)" in proc.stdout
+    bad = subprocess.run(cmd[:5] + ["--mesh", "data=2,pipe=2"], env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
+
+
+_MEASURE = textwrap.dedent("""
+    import json
+    import jax
+    from esjax.model.decoder import init_cache
+    from esjax.model.params import init_params
+    from esjax.model.sharding import CACHE_AXES, make_mesh, named_sharding, param_shardings
+    from esjax.model.testing import tiny_config
+    from esjax.parallel import per_device_bytes
+    from esjax.plan import plan_memory
+    from esjax.plan.memory import measure_update
+    # head/kv/mlp widths that split over model=4 (sharded) next to ones that do not (kv heads: replicated)
+    cfg = tiny_config(num_heads=4, num_kv_heads=2, head_dim=8, hidden_size=32, intermediate_size=48,
+                      vocab_size=128, dtype="bfloat16")
+    mesh = make_mesh(2, 4)
+    params = jax.jit(lambda k: init_params(cfg, k), out_shardings=param_shardings(cfg, mesh))(jax.random.key(0))
+    rows, slots = 6, 16
+    shapes = jax.eval_shape(lambda: init_cache(cfg, rows, slots))
+    axes = {"k": CACHE_AXES, "v": CACHE_AXES, "valid": ("batch", "cache_seq"), "index": ()}
+    out = {k: named_sharding(mesh, axes[k], shapes[k].shape) for k in shapes}
+    cache = jax.jit(lambda: init_cache(cfg, rows, slots), out_shardings=out)()
+    plan = plan_memory(cfg, data=2, model=4, population=4, batch=rows, context=slots, dtype="bfloat16")
+    measured = measure_update(cfg, data=2, model=4, population=4, dtype="bfloat16")
+    print(json.dumps({
+        "params_measured": max(per_device_bytes(params).values()),
+        "params_planned": plan.line("θ_t").bytes,
+        "cache_measured": max(per_device_bytes(cache).values()),
+        "cache_planned": next(l.bytes for l in plan.lines if l.name.startswith("KV cache")),
+        "update_temp_measured": measured["temp_bytes"],
+        "update_extra_planned": sum(l.bytes for l in plan.lines if l.update and not l.rollout),
+        "update_output_measured": measured["output_bytes"],
+    }))
+""")
+
+
+def test_planner_matches_measured_device_bytes_of_a_small_model():
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"}
+    proc = subprocess.run([sys.executable, "-c", _MEASURE], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["params_planned"] == got["params_measured"]
+    assert got["cache_planned"] == got["cache_measured"]
+    # the update's temporaries and output fit inside what the plan reserves for the update
+    assert got["update_temp_measured"] + got["update_output_measured"] <= got["update_extra_planned"]
+    assert got["update_extra_planned"] <= 4 * (got["update_temp_measured"] + got["update_output_measured"])
