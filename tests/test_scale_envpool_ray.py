@@ -1,0 +1,108 @@
+"""The Ray env pool behaves exactly like the in-process EnvPool: the same sessions, observations, rewards and
+available actions for the same goals and actions. The fan-out logic is checked against an in-process
+stand-in for Ray (always runs); a real local Ray cluster is used when Ray is installed."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from envs.webshop_bridge.pool import EnvPool
+from envs.webshop_bridge.shop import ShopSpec, get_shop
+
+SPEC = ShopSpec(kind="synthetic", num_products=40, seed=0)
+
+
+def _fake_ray() -> types.ModuleType:
+    """Just enough of Ray's API, executed synchronously in this process."""
+    ray = types.ModuleType("ray")
+
+    class _Ref:
+        def __init__(self, value):
+            self.value = value
+
+    class _Method:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def remote(self, *args):
+            return _Ref(self.fn(*args))
+
+    class _Handle:
+        def __init__(self, obj):
+            self.obj = obj
+
+        def __getattr__(self, name):
+            return _Method(getattr(self.obj, name))
+
+    class _Actor:
+        def __init__(self, cls):
+            self.cls = cls
+
+        def options(self, **_):
+            return self
+
+        def remote(self, *args):
+            return _Handle(self.cls(*args))
+
+    ray.remote = _Actor
+    ray.is_initialized = lambda: True
+    ray.get = lambda refs, timeout=None: [r.value for r in refs]
+    ray.kill = lambda actor: None
+    ray.exceptions = types.SimpleNamespace(GetTimeoutError=TimeoutError)
+    return ray
+
+
+def _drive(pool, goals):
+    obs, _ = pool.reset(goals)
+    trace = [obs]
+    actions = [f"search[{ins}]" for ins in pool.instructions]
+    actions[1] = None  # a session left alone this tick
+    obs, rewards, done, _ = pool.step(actions)
+    trace += [obs, rewards.tolist(), done.tolist()]
+    clicks = [a["clickables"][min(2, len(a["clickables"]) - 1)] for a in pool.available_actions()]
+    obs, rewards, done, _ = pool.step([f"click[{c}]" for c in clicks])
+    trace += [obs, rewards.tolist(), done.tolist(), pool.reset_one(3, goals[0])[0]]
+    return trace
+
+
+def _reference(goals):
+    return _drive(EnvPool(get_shop(SPEC), len(goals)), goals)
+
+
+def test_ray_pool_fan_out_matches_the_in_process_pool(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", _fake_ray())
+    from esjax.envpool_ray import RayEnvPool
+
+    goals = [0, 5, 9, 11, 20]
+    with RayEnvPool(SPEC, len(goals), workers=2) as pool:
+        got = _drive(pool, goals)
+        with pytest.raises(ValueError, match="one per session"):
+            pool.step(["click[buy now]"])
+    assert got == _reference(goals)
+
+
+def test_missing_ray_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    from esjax.envpool_ray import RayEnvPool, RayUnavailable
+
+    with pytest.raises(RayUnavailable, match=r"esjax\[ray\]"):
+        RayEnvPool(SPEC, 2)
+
+
+def test_real_local_ray_cluster():
+    ray = pytest.importorskip("ray")
+    from esjax.envpool_ray import RayEnvPool
+
+    goals = [1, 2, 3, 4]
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+    try:
+        with RayEnvPool(SPEC, len(goals), workers=2) as pool:
+            got = _drive(pool, goals)
+    finally:
+        ray.shutdown()
+    assert np.array_equal(np.asarray(got[2]), np.asarray(_reference(goals)[2]))
+    assert got == _reference(goals)
