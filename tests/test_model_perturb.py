@@ -11,10 +11,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from esjax.es.noise import NoiseSpec, Scope, perturbed_params
+from esjax.es.noise import NoiseSpec, Scope, lowrank_factors, member_noise, path_str, perturbed_params
 from esjax.model.decoder import forward_jit, init_cache
-from esjax.model.params import check_params, init_params, matrices_scope, param_logical_axes
-from esjax.model.perturb import Perturbation, prepare_jit
+from esjax.model.params import (
+    check_params,
+    init_params,
+    is_matrix_path,
+    matrices_scope,
+    param_logical_axes,
+    param_shapes,
+)
+from esjax.model.perturb import LowRank, Perturbation, prepare, prepare_jit
 from esjax.model.testing import tiny_config
 
 SIGMA = 0.05
@@ -55,6 +62,38 @@ def test_population_forward_matches_perturbed_params(spec, tied, model):
         assert np.abs(np.asarray(batched[r] - ref[0])).max() <= 2e-5, f"row {r}"
     assert np.abs(np.asarray(batched[3] - plain[3])).max() <= 1e-5  # inactive row: the plain model
     assert np.abs(np.asarray(batched[0] - plain[0])).max() > 1e-2  # active rows really are perturbed
+
+
+def test_batched_draws_are_bit_identical_to_es_noise(model):
+    """prepare() draws all leaves in a few batched threefry calls; it must equal esjax.es.noise exactly."""
+    config, params, _ = model
+    pert = _pert(LOWRANK)
+    versions, indices, active = (np.asarray(x) for x in (VERSIONS, INDICES, ACTIVE))
+
+    @jax.jit
+    def both(params):
+        prepared = prepare(pert, params)
+        ref = {}
+        for kp, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+            path = path_str(kp)
+            if is_matrix_path(path):
+                ref[path] = lowrank_factors(LOWRANK, path, leaf.shape, versions, indices, active)
+            else:
+                eps = jax.vmap(lambda v, i, path=path, leaf=leaf: member_noise(LOWRANK, path, leaf.shape, v, i))(
+                    versions, indices)
+                ref[path] = eps * jnp.where(active, SIGMA, 0.0).reshape((-1,) + (1,) * leaf.ndim)
+        return prepared.noise, ref
+
+    noise, ref = both(params)
+    flat = {path_str(kp): x for kp, x in jax.tree_util.tree_flatten_with_path(
+        noise, is_leaf=lambda x: isinstance(x, LowRank))[0]}
+    assert set(flat) == set(ref)
+    for path, got in flat.items():
+        want = ref[path]
+        if isinstance(got, LowRank):
+            assert np.array_equal(got.a, want[0]) and np.array_equal(got.b, want[1]), path
+        else:
+            assert np.array_equal(got, want), path
 
 
 def test_noise_generated_inside_the_jitted_forward(model):
@@ -139,7 +178,7 @@ def test_program_size_does_not_grow_with_depth():
     sizes = []
     for layers in (2, 8):
         config = tiny_config(num_layers=layers)
-        params = init_params(config, jax.random.key(0))
+        params = param_shapes(config)
         pert = Perturbation.create(NoiseSpec(mode="lowrank"), SIGMA, [0, 0], [0, 1])
         text = forward_jit.lower(config, params, np.zeros((2, 4), np.int32), perturbation=pert).as_text()
         sizes.append(len(text.splitlines()))

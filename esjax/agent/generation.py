@@ -154,7 +154,7 @@ def generate(config: ModelConfig, params: Any, prompt_ids: Sequence[Sequence[int
     while True:
         if stop:
             host_out = np.asarray(out)
-            host_done = np.asarray(done)
+            host_done = np.array(done)
             for r in range(rows):
                 if r not in stop_at and not host_done[r]:
                     cut = _stop_index(host_out[r, :n].tolist(), stop, tokenizer)

@@ -102,21 +102,24 @@ def param_count(params: Params) -> int:
 
 
 def init_params(config: ModelConfig, key: jax.Array, dtype: Any = None, std: float = 0.02) -> Params:
-    """Random parameters: N(0, std) kernels / embedding, ones for norm scales, small random biases.
+    """Random parameters: N(0, std) kernels, embedding and biases; ones for norm scales.
 
-    Each leaf's key is ``fold_in(key, leaf_id(path))``, so initialization does not depend on dict order.
+    Drawn on the host with numpy, seeded by ``(key, leaf_id(path))``: independent of dict order, and no XLA
+    compile (jitted threefry draws cost about a second of CPU compile each). Meant for tests and small
+    models; real checkpoints come from ``esjax.model.hf``.
     """
+    import numpy as np
+
     dtype = jnp.dtype(dtype or config.dtype)
+    key_words = [int(w) for w in np.asarray(jax.random.key_data(key)).ravel()]
 
     def init(key_path, shape_struct):
         path = path_str(key_path)
         shape = shape_struct.shape
-        k = jax.random.fold_in(key, leaf_id(path))
         if path.endswith("/scale"):
             return jnp.ones(shape, dtype)
-        if path.endswith("/bias"):
-            return (std * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
-        return (std * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
+        rng = np.random.default_rng([*key_words, leaf_id(path)])
+        return jnp.asarray((std * rng.standard_normal(shape, dtype=np.float32)).astype(dtype))
 
     return jax.tree_util.tree_map_with_path(init, param_shapes(config, dtype))
 

@@ -8,10 +8,10 @@ forward, from the counter-based keys of ``esjax.es.noise`` — never stored betw
 :func:`prepare` turns it into what the decoder consumes:
 
 * low-rank mode: per group and per leaf, the signed factors ``(A, B)`` for kernels and the embedding
-  (``lowrank_factors``: one shared base matmul for all rows), and small dense deltas ``sigma * s * eps`` for
-  any other in-scope leaf (norm scales, biases), so the forward equals ``perturbed_params`` for any scope;
-* full mode: one materialized perturbed copy of the parameters per group (``perturbed_params``), the forward
-  is vmapped over groups. Memory is ``groups × params``: meant for small models and as the reference.
+  (as ``lowrank_factors``: one shared base matmul for all rows), and small dense deltas ``sigma * s * eps``
+  for any other in-scope leaf (norm scales, biases), so the forward equals ``perturbed_params`` for any scope;
+* full mode: one materialized perturbed copy of the parameters per group (as ``perturbed_params``), the
+  forward is vmapped over groups. Memory is ``groups × params``: for small models and as the reference.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from esjax.es.noise import NoiseSpec, lowrank_factors, member_noise, path_str, perturbed_params
+from esjax.es.noise import NoiseSpec, lowrank_product, path_str
+from esjax.model.noise_batch import draw_normals
 from esjax.model.params import is_matrix_path
 
 
@@ -112,32 +113,69 @@ class Prepared:
     group_params: Any = None   # full: params with a leading [G] axis
 
 
+def _factor_shapes(shape: tuple[int, ...], rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    *lead, m, n = shape
+    return (*lead, m, rank), (*lead, n, rank)
+
+
 def prepare(perturbation: Perturbation | Prepared | None, params: Any) -> Prepared | None:
-    """Generate the noise a forward needs (call inside jit; cheap for low-rank, ``G × params`` for full)."""
+    """Generate the noise a forward needs (traceable; cheap for low-rank, ``G × params`` for full).
+
+    Equals drawing each leaf with ``esjax.es.noise`` (``lowrank_factors`` / ``member_noise`` /
+    ``perturbed_params``), but in a few batched threefry calls (``esjax.model.noise_batch``).
+    """
     if perturbation is None or isinstance(perturbation, Prepared):
         return perturbation
     spec = perturbation.spec
     versions, indices, active = perturbation.group_members()
+    pairs, signs = spec.pair_and_sign(indices)
     sigma = perturbation.sigma
     groups = perturbation.groups
-    if spec.mode == "full":
-        sigmas = jnp.where(active, sigma, 0.0)
-        stacked = jax.vmap(lambda v, i, s: perturbed_params(spec, params, v, i, s))(versions, indices, sigmas)
-        return Prepared("full", groups, sigma, group_params=stacked)
+    scale = jnp.where(active, sigma, 0.0).astype(jnp.float32) * signs  # [G]: sigma * s_i, 0 if inactive
 
-    scale = jnp.where(active, sigma, 0.0).astype(jnp.float32)
-
-    def leaf_noise(key_path, leaf):
-        path = path_str(key_path)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+    leaves = [(path_str(kp), leaf) for kp, leaf in flat]
+    requests: list[tuple[str, tuple[int, ...], str]] = []
+    for path, leaf in leaves:
         if not spec.scope.contains(path, leaf):
-            return None
-        if is_matrix_path(path):
-            return LowRank(*lowrank_factors(spec, path, leaf.shape, versions, indices, active))
-        eps = jax.vmap(lambda v, i: member_noise(spec, path, leaf.shape, v, i, jnp.float32))(versions, indices)
-        return eps * scale.reshape((-1,) + (1,) * leaf.ndim)
+            continue
+        shape = tuple(leaf.shape)
+        if spec.is_lowrank_leaf(shape):
+            a_shape, b_shape = _factor_shapes(shape, spec.rank)
+            requests += [(path, a_shape, "a"), (path, b_shape, "b")]
+        else:
+            requests.append((path, shape, "full"))
+    draws = dict(zip([(p, part) for p, _, part in requests], draw_normals(spec, requests, versions, pairs)))
 
-    noise = jax.tree_util.tree_map_with_path(leaf_noise, params)
-    return Prepared("lowrank", groups, sigma, noise=noise)
+    def per_group(x: jax.Array, v: jax.Array) -> jax.Array:
+        return x * v.reshape((-1,) + (1,) * (x.ndim - 1))
+
+    out = []
+    for path, leaf in leaves:
+        if not spec.scope.contains(path, leaf):
+            out.append(None)
+            continue
+        if spec.is_lowrank_leaf(leaf.shape):
+            a, b = draws[(path, "a")], draws[(path, "b")]
+            if spec.mode == "lowrank" and is_matrix_path(path):
+                signed = per_group(a, signs * active.astype(jnp.float32))
+                out.append(LowRank(signed, b))
+                continue
+            eps = lowrank_product(a, b)
+        else:
+            eps = draws[(path, "full")]
+        delta = per_group(eps, scale)  # [G, *shape] = sigma * s_i * eps_i
+        if spec.mode == "full":
+            out.append((leaf[None].astype(jnp.float32) + delta).astype(leaf.dtype))
+        else:
+            out.append(delta)
+    tree = jax.tree_util.tree_unflatten(treedef, out)
+    if spec.mode == "full":
+        # leaves out of scope are shared by every group: broadcast them (vmap needs a group axis everywhere)
+        stacked = jax.tree.map(lambda new, leaf: jnp.broadcast_to(leaf, (groups, *leaf.shape)) if new is None
+                               else new, tree, params, is_leaf=lambda x: x is None)
+        return Prepared("full", groups, sigma, group_params=stacked)
+    return Prepared("lowrank", groups, sigma, noise=tree)
 
 
 #: ``prepare`` as its own program. The policy primitives call this once per call and pass the result to
