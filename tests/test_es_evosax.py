@@ -44,6 +44,10 @@ def test_api_lazy_population_and_pytree_solutions():
     # The second generation draws new noise.
     pop2, _ = es.ask(key, s_full, params)
     assert not np.allclose(pop2["b"] - s_full.mean["b"], population["b"] - state.mean["b"])
+    # The state keeps its dtypes across generations: the second tell reuses the first one's compilation.
+    compiled = CounterOpenES.tell._cache_size()
+    es.tell(key, pop2, fitness, s_full, params)
+    assert CounterOpenES.tell._cache_size() == compiled
     with pytest.raises(ValueError, match="even"):
         CounterOpenES(7, solution)
 

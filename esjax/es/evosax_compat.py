@@ -119,7 +119,7 @@ class CounterOpenES:
             mean=mean,
             std=jnp.asarray(self.std_schedule(0), jnp.float32),
             opt_state=self.optimizer.init(mean),
-            best_solution=jnp.full((self.num_dims,), jnp.nan),
+            best_solution=jnp.full((self.num_dims,), jnp.nan, jnp.float32),
             best_fitness=jnp.asarray(jnp.inf, jnp.float32),
             generation_counter=jnp.asarray(0, jnp.int32),
         )

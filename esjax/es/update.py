@@ -53,7 +53,22 @@ from esjax.es.schedules import Schedule, as_schedule
 PyTree = Any
 Scale = Literal["nes", "llm"]
 
-DEFAULT_CHUNK = {"full": 1, "lowrank": 256}
+MAX_LOWRANK_CHUNK = 256
+
+
+def auto_chunk_size(spec: NoiseSpec, shapes: list[tuple[int, ...]], n: int) -> int:
+    """Default number of draws generated together.
+
+    Full mode: 1 (each dense draw is as large as its leaf). Low-rank mode: as many as fit in the size of the
+    largest low-rank leaf, ``max(m·n) / max((m + n)·r)`` per layer, clamped to ``[1, 256]``, so the chunk's
+    factors never outweigh the parameters.
+    """
+    lowrank = [s for s in shapes if spec.is_lowrank_leaf(s)]
+    if not lowrank:
+        return 1
+    leaf = max(math.prod(s) for s in lowrank)
+    factors = max(math.prod(s[:-2]) * (s[-2] + s[-1]) * spec.rank for s in lowrank)
+    return max(1, min(MAX_LOWRANK_CHUNK, leaf // factors, n))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,8 +85,9 @@ class ESConfig:
       optimizer: any optax transformation; ``None`` means ``optax.sgd(learning_rate)``.
       weight_decay: L2 coefficient toward 0 added to the descent direction.
       anchor_decay: L2 coefficient toward the initial parameters θ_0 (kept in ``ESState.anchor``).
-      chunk_size: distinct noise draws generated together; ``None``: 1 (full) / 256 (low-rank). Peak extra
-        memory is about ``chunk_size`` × the largest dense leaf (full) or ``chunk_size·(m+n)·r`` (low-rank).
+      chunk_size: distinct noise draws generated together; ``None``: :func:`auto_chunk_size` (1 in full
+        mode). Peak extra memory is a few × ``chunk_size`` × the largest dense leaf (full) or
+        ``chunk_size·(m+n)·r`` per low-rank leaf.
     """
 
     noise: NoiseSpec = NoiseSpec()
@@ -104,9 +120,12 @@ class ESConfig:
     def get_optimizer(self) -> optax.GradientTransformation:
         return self.optimizer if self.optimizer is not None else optax.sgd(self.learning_rate)
 
-    def get_chunk_size(self, n: int) -> int:
-        chunk = self.chunk_size or DEFAULT_CHUNK[self.noise.mode]
-        return max(1, min(chunk, n))
+    def get_chunk_size(self, params: PyTree, n: int) -> int:
+        """Draws per chunk for a cohort of ``n`` members on ``params`` (explicit or automatic)."""
+        if self.chunk_size is not None:
+            return max(1, min(self.chunk_size, n))
+        leaves, in_scope, _ = _scoped_leaves(self.noise, params)
+        return auto_chunk_size(self.noise, [tuple(x.shape) for (_, x), s in zip(leaves, in_scope) if s], n)
 
 
 class ESState(NamedTuple):
@@ -178,11 +197,13 @@ def weighted_noise_sum(spec: NoiseSpec, params: PyTree, versions, indices, coefs
     coefs = jnp.asarray(coefs, jnp.float32).reshape(-1)
     n = versions.shape[0]
     leaves, in_scope, treedef = _scoped_leaves(spec, params)
-    # Accumulators start from the parameters (θ·0) so sharding propagation places the gradient like θ.
-    acc0 = [leaf.astype(jnp.float32) * 0.0 for (_, leaf), s in zip(leaves, in_scope) if s]
+    # Accumulators start from the parameters (θ·0, NaN-safe) so sharding propagation lays the gradient out
+    # like θ instead of replicating it.
+    acc0 = [jnp.nan_to_num(leaf.astype(jnp.float32) * 0.0) for (_, leaf), s in zip(leaves, in_scope) if s]
     scoped = [(path, tuple(leaf.shape)) for (path, leaf), s in zip(leaves, in_scope) if s]
     if scoped and n:
-        chunk = max(1, min(chunk_size or DEFAULT_CHUNK[spec.mode], n))
+        chunk = chunk_size or auto_chunk_size(spec, [shape for _, shape in scoped], n)
+        chunk = max(1, min(chunk, n))
         d_v, d_p, d_c = merge_draws(spec, versions, indices, coefs)
         pad = (-n) % chunk
         if pad:
