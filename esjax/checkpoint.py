@@ -25,6 +25,10 @@ class CheckpointError(RuntimeError):
     """No checkpoint in a run directory could be restored."""
 
 
+class StorageError(CheckpointError):
+    """The run directory cannot be written (full or read-only disk); the last complete checkpoint is kept."""
+
+
 def _abstract(tree: PyTree) -> PyTree:
     """Shape/dtype/sharding skeleton used as the restore target (restores straight into the shardings)."""
 
@@ -48,10 +52,14 @@ class Checkpointer:
     def save(self, step: int, es_state: PyTree, loop_state: dict[str, Any]) -> None:
         """Write one checkpoint (blocking: the loop state must be on disk before work continues)."""
         args = ocp.args.Composite(es=ocp.args.StandardSave(es_state), loop=ocp.args.JsonSave(loop_state))
-        if step in self.manager.all_steps():  # an unreadable step left behind by a resume that fell back
-            self.manager.delete(step)
-        self.manager.save(step, args=args, force=True)
-        self.manager.wait_until_finished()
+        try:
+            if step in self.manager.all_steps():  # an unreadable step left behind by a resume that fell back
+                self.manager.delete(step)
+            self.manager.save(step, args=args, force=True)
+            self.manager.wait_until_finished()
+        except Exception as err:  # noqa: BLE001 - orbax/tensorstore wrap OS errors in their own types
+            raise StorageError(f"{self.directory}: cannot write checkpoint {step} ({_reason(err)}); "
+                               f"the previous checkpoints are kept") from None
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
@@ -81,3 +89,15 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+def _reason(err: BaseException) -> str:
+    """The root cause of a (possibly wrapped) write error, in one short line."""
+    while err.__cause__ is not None or err.__context__ is not None:
+        if isinstance(err, OSError):
+            break
+        err = err.__cause__ or err.__context__
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.strerror}: {err.filename}" if err.filename else err.strerror
+    text = str(err).strip().splitlines()
+    return f"{err.__class__.__name__}: {text[0][:200]}" if text else err.__class__.__name__

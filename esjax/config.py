@@ -38,7 +38,9 @@ class RunSection(_Section):
     progress: bool = True
     compilation_cache: str | None = Field(
         "~/.cache/esjax/xla", description="persistent XLA compilation cache (null: off); reruns start faster")
-    max_nonfinite_updates: int = Field(10, ge=0, description="stop after this many rejected non-finite updates")
+    max_nonfinite_updates: int = Field(
+        10, ge=0, description="an update that would make θ non-finite is rejected (θ kept, cohort dropped, "
+                              "event logged); the run stops once this many were rejected (0: at the first)")
 
 
 class ModelSection(_Section):
@@ -119,6 +121,11 @@ class EnvSection(_Section):
     max_steps: int = Field(10, ge=1, description="episode step cap")
     eval_goals: int = Field(200, ge=1, description="held-out goals per evaluation")
     eval_split: Literal["test", "eval", "train"] = "test"
+    step_timeout_s: float | None = Field(
+        60.0, gt=0, description="an env step taking longer fails its episode (null: no limit); failed "
+                                "episodes (timeouts or exceptions) are re-run up to env.max_retries times")
+    max_retries: int = Field(2, ge=0, description="re-runs of a member's failed episodes before its job is "
+                                                  "dropped (counted as 'abandoned')")
 
     @model_validator(mode="after")
     def _check(self) -> EnvSection:

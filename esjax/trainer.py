@@ -14,6 +14,7 @@ episode's trace, which is replayed on resume without calling the model.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import platform
@@ -30,7 +31,8 @@ import optax
 import esjax
 from esjax.agent.policy import LoadedPolicy, load_policy
 from esjax.agent.webshop import WebShopAgent
-from esjax.checkpoint import Checkpointer
+from esjax.checkpoint import Checkpointer, StorageError
+from esjax.cli_util import UserError
 from esjax.config import Config, ConfigError, config_to_yaml, load_config
 from esjax.es.noise import NoiseSpec, Scope
 from esjax.es.schedules import constant, cosine, linear
@@ -45,6 +47,10 @@ from esjax.metrics import MetricsWriter, read_metrics, truncate_after
 from esjax.progress import Progress
 
 CONFIG_FILE = "config.yaml"
+
+
+class RunAborted(UserError):
+    """The run cannot go on (e.g. too many rejected non-finite updates); the last checkpoint is intact."""
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -145,6 +151,8 @@ class Evaluation:
     started_wall: float
     next_position: int = 0
     rewards: dict[int, float] = dataclasses.field(default_factory=dict)
+    retry: list[int] = dataclasses.field(default_factory=list)  # positions whose env failed: run again
+    failures: int = 0
 
     @property
     def complete(self) -> bool:
@@ -158,7 +166,8 @@ class Evaluation:
 
     def to_dict(self) -> dict[str, Any]:
         return {"eval_id": self.eval_id, "version": self.version, "started_tick": self.started_tick,
-                "next_position": self.next_position, "rewards": {str(k): v for k, v in self.rewards.items()}}
+                "next_position": self.next_position, "rewards": {str(k): v for k, v in self.rewards.items()},
+                "retry": list(self.retry), "failures": self.failures}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -172,6 +181,8 @@ class JobProgress:
     started_tick: int
     rewards: dict[int, float] = dataclasses.field(default_factory=dict)
     started: int = 0  # episodes started (positions 0..started-1)
+    retry: list[int] = dataclasses.field(default_factory=list)  # positions whose env failed: run again
+    failures: int = 0  # failed episodes so far (env exceptions / step timeouts)
 
 
 class Trainer:
@@ -197,7 +208,7 @@ class Trainer:
         self.pool = EnvPool(self.shop, capacity)
         self.engine = RolloutEngine(self.pool, self.agent, self.policy.config, self.es_config.noise,
                                     lambda v: float(self.es_config.sigma_at(v)), config.env.max_steps,
-                                    config.agent.temperature)
+                                    config.agent.temperature, step_timeout=config.env.step_timeout_s)
         self.es_update: ESUpdate | None = None
         self.coord: Coordinator | None = None
         self.jobs: dict[int, JobProgress] = {}
@@ -243,7 +254,8 @@ class Trainer:
             "episodes": [self.engine.live[row].to_dict() for row in sorted(self.engine.live)],
             "free_rows": list(self.engine.free_rows),
             "jobs": {str(jid): {"started_tick": jp.started_tick, "started": jp.started,
-                                "rewards": {str(k): v for k, v in jp.rewards.items()}}
+                                "rewards": {str(k): v for k, v in jp.rewards.items()},
+                                "retry": list(jp.retry), "failures": jp.failures}
                      for jid, jp in sorted(self.jobs.items())},
             "evals": [ev.to_dict() for ev in self.evals.values()],
             "evaluated_versions": sorted(self.evaluated_versions),
@@ -277,14 +289,16 @@ class Trainer:
         jobs_by_id = {job.job_id: job for job in self.coord.in_flight_jobs()}
         for jid, data in loop["jobs"].items():
             jp = JobProgress(jobs_by_id[int(jid)], int(data["started_tick"]),
-                             {int(k): float(v) for k, v in data["rewards"].items()}, int(data["started"]))
+                             {int(k): float(v) for k, v in data["rewards"].items()}, int(data["started"]),
+                             [int(p) for p in data.get("retry", [])], int(data.get("failures", 0)))
             self.jobs[int(jid)] = jp
         for data in loop["evals"]:
             version = int(data["version"])
             self.eval_params[version] = saved[version] if version in saved else self.es_update.params_at(version)
             ev = Evaluation(int(data["eval_id"]), version, self.eval_goals, int(data["started_tick"]),
                             time.perf_counter(), int(data["next_position"]),
-                            {int(k): float(v) for k, v in data["rewards"].items()})
+                            {int(k): float(v) for k, v in data["rewards"].items()},
+                            [int(p) for p in data.get("retry", [])], int(data.get("failures", 0)))
             self.evals[ev.eval_id] = ev
         for data in loop["episodes"]:
             self.engine.start(data["kind"], int(data["owner"]), int(data["version"]), int(data["index"]),
@@ -309,6 +323,10 @@ class Trainer:
     def _fill(self) -> None:
         """Start episodes: evaluation rows first (they are few and fixed), then training jobs."""
         for ev in self.evals.values():
+            while ev.retry and self.engine.free:
+                p = ev.retry.pop(0)
+                self.engine.start("eval", ev.eval_id, ev.version, 0, ev.goals[p], p,
+                                  hash_ints(self.config.run.seed, 7919, ev.version), True)
             while ev.next_position < len(ev.goals) and self.engine.free:
                 p = ev.next_position
                 self.engine.start("eval", ev.eval_id, ev.version, 0, ev.goals[p], p,
@@ -320,12 +338,15 @@ class Trainer:
                 self.jobs[job.job_id] = JobProgress(job, self.tick_count)
         per_member = self.config.env.tasks_per_member
         for jp in sorted(self.jobs.values(), key=lambda j: j.job.job_id):
-            while jp.started < per_member and self.engine.free:
-                p = jp.started
+            while (jp.retry or jp.started < per_member) and self.engine.free:
+                if jp.retry:  # the same member, goal and sampling stream: a deterministic re-run
+                    p = jp.retry.pop(0)
+                else:
+                    p = jp.started
+                    jp.started += 1
                 goal = self.train_goals[jp.job.tasks.goals[p] % len(self.train_goals)]
                 self.engine.start("train", jp.job.job_id, jp.job.member.version, jp.job.member.index, goal, p,
                                   jp.job.tasks.sampling_seed, False)
-                jp.started += 1
 
     def _abandon_hopeless(self) -> None:
         """Jobs older than t − K can never be accepted: stop them now instead of finishing wasted work."""
@@ -373,13 +394,27 @@ class Trainer:
         fitness = float(np.mean(rewards))
         result = jp.job.result(fitness, float(self.tick_count - jp.started_tick))
         for record in self.coord.report(result):
-            self._check_finite()
             self._finish_update(record, writer, checkpointer, progress)
+        self._drain_rejections(writer)
 
-    def _check_finite(self) -> None:
-        leaves = jax.tree.leaves(self.es_update.state.params)
-        if not all(bool(np.isfinite(np.asarray(x)).all()) for x in leaves):
-            raise FloatingPointError(f"update {self.version} produced non-finite parameters")
+    def _event(self, writer: MetricsWriter, event: str, **fields: Any) -> None:
+        """An ``event`` record. Its ``version`` is t + 1 (it belongs to the history leading to the next
+        update), so a resume from the checkpoint at t drops it with everything else that comes after."""
+        writer.write({"kind": "event", "event": event, "version": self.version + 1, "at_version": self.version,
+                      "tick": self.tick_count, "wall_time": self.wall_time(), **fields})
+
+    def _drain_rejections(self, writer: MetricsWriter) -> None:
+        """Updates the ES engine refused (θ would turn non-finite): θ and t were kept, the cohort dropped."""
+        rejections, self.coord.rejections = self.coord.rejections, []
+        for rejection in rejections:
+            self.nonfinite_rejections += 1
+            self._event(writer, "nonfinite_update", rejected=self.nonfinite_rejections,
+                        members=len(rejection["members"]), reason=rejection["reason"])
+            limit = max(1, self.config.run.max_nonfinite_updates)
+            if self.nonfinite_rejections >= limit:
+                raise RunAborted(f"stopping: {self.nonfinite_rejections} updates rejected because they would make "
+                                 f"the parameters non-finite (run.max_nonfinite_updates={limit}); θ stays at "
+                                 f"version {self.version}, the last checkpoint is intact")
 
     def run(self, writer: MetricsWriter, checkpointer: Checkpointer, progress: Progress) -> None:
         self._wall_start = time.perf_counter()
@@ -408,17 +443,46 @@ class Trainer:
                 if jid in self.jobs:
                     self._report(jid, writer, checkpointer, progress)
 
+    def _episode_failed(self, episode: Episode, writer: MetricsWriter) -> None:
+        """The env raised or hung in this episode: re-run it (same member, goal and sampling stream) up to
+        ``env.max_retries`` times per job, then drop the job (counted by the coordinator as abandoned)."""
+        retries = self.config.env.max_retries
+        fields = {"owner_kind": episode.kind, "member": [episode.version, episode.index],
+                  "position": episode.position, "goal": episode.goal, "step": episode.steps,
+                  "reason": episode.failure}
+        if episode.kind == "eval":
+            ev = self.evals[episode.owner]
+            ev.failures += 1
+            if ev.failures <= retries:
+                ev.retry.append(episode.position)
+                self._event(writer, "env_fault", action="retry", **fields)
+            else:  # an evaluation episode past the retry limit scores 0
+                ev.rewards[episode.position] = 0.0
+                self._event(writer, "env_fault", action="scored_zero", **fields)
+            return
+        jp = self.jobs.get(episode.owner)
+        if jp is None:
+            return
+        jp.failures += 1
+        if jp.failures <= retries:
+            jp.retry.append(episode.position)
+            self._event(writer, "env_fault", action="retry", **fields)
+            return
+        self._event(writer, "env_fault", action="drop_job", **fields)
+        self.engine.stop(lambda e: e.kind == "train" and e.owner == episode.owner)
+        self.jobs.pop(episode.owner)
+        self.coord.abandon(episode.owner, float(self.tick_count - jp.started_tick))
+
     def _episode_done(self, episode: Episode, done_jobs: list[int], writer: MetricsWriter) -> None:
+        if episode.failure is not None:
+            self._episode_failed(episode, writer)
+            if episode.kind == "eval":
+                self._maybe_finish_eval(self.evals[episode.owner], writer)
+            return
         if episode.kind == "eval":
             ev = self.evals[episode.owner]
             ev.rewards[episode.position] = episode.reward
-            if ev.complete:
-                record = ev.record(self.wall_time())
-                writer.write(record)
-                self.evals.pop(ev.eval_id)
-                if not any(e.version == ev.version for e in self.evals.values()):
-                    self.eval_params.pop(ev.version, None)
-                self._progress.eval(record)
+            self._maybe_finish_eval(ev, writer)
             return
         jp = self.jobs.get(episode.owner)
         if jp is None:
@@ -427,6 +491,15 @@ class Trainer:
         jp.rewards[episode.position] = episode.reward
         if len(jp.rewards) == self.config.env.tasks_per_member:
             done_jobs.append(episode.owner)
+
+    def _maybe_finish_eval(self, ev: Evaluation, writer: MetricsWriter) -> None:
+        if ev.complete:
+            record = ev.record(self.wall_time())
+            writer.write(record)
+            self.evals.pop(ev.eval_id)
+            if not any(e.version == ev.version for e in self.evals.values()):
+                self.eval_params.pop(ev.version, None)
+            self._progress.eval(record)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -472,6 +545,12 @@ class TrainResult:
     records: list[dict[str, Any]]
 
 
+def storage_reason(err: OSError) -> str:
+    """``[Errno 30] Read-only file system: 'path'`` as one short line."""
+    text = f"{err.strerror}: {err.filename}" if err.strerror and err.filename else str(err)
+    return text.splitlines()[0][:300] if text else err.__class__.__name__
+
+
 def enable_compilation_cache(path: str | None) -> None:
     """Reuse compiled programs across runs (an explicit JAX_COMPILATION_CACHE_DIR wins)."""
     import os
@@ -507,9 +586,13 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
     try:
         with progress:
             trainer.run(writer, checkpointer, progress)
+    except OSError as err:  # a full or read-only disk under the run directory: stop, keep the last checkpoint
+        raise StorageError(f"{run_dir}: cannot write the run ({storage_reason(err)}); stopped at version "
+                           f"{trainer.version}, the last complete checkpoint is kept") from None
     finally:
-        writer.close()
-        checkpointer.close()
+        for close in (writer.close, checkpointer.close):
+            with contextlib.suppress(OSError):
+                close()
     records = read_metrics(run_dir / "metrics.jsonl")
     from esjax.plots import write_plots, write_summary
 

@@ -30,7 +30,13 @@ import numpy as np
 from esjax.loop.tasks import TaskSampler
 from esjax.loop.types import Cohort, Job, Member, Result, TaskBatch, UpdateFn, UpdateRecord, Verdict
 
-DISCARD_REASONS = ("too_stale", "schedule", "nonfinite", "abandoned")
+DISCARD_REASONS = ("too_stale", "schedule", "nonfinite", "abandoned", "rejected_update")
+
+
+class RejectedUpdate(ArithmeticError):
+    """Raised by an ``apply_update`` that refuses a cohort (e.g. the step would make θ non-finite) without
+    changing its state. The coordinator then keeps t, discards that cohort's members (``'rejected_update'``)
+    and records the rejection in :attr:`Coordinator.rejections`; the run goes on at the same version."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +96,7 @@ class CoordinatorState:
     wasted_time: float = 0.0  # rollout time of discarded results
     accepted_time: float = 0.0  # rollout time of accepted results
     lag_hist: list[int] = dataclasses.field(default_factory=list)  # accepted lags 0..K
+    rejected_updates: int = 0  # cohorts whose update apply_update refused (RejectedUpdate)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: int dict keys become strings, records become lists."""
@@ -116,6 +123,7 @@ class CoordinatorState:
             wasted_time=float(data["wasted_time"]),
             accepted_time=float(data["accepted_time"]),
             lag_hist=[int(x) for x in data["lag_hist"]],
+            rejected_updates=int(data.get("rejected_updates", 0)),
         )
 
 
@@ -149,6 +157,8 @@ class Coordinator:
         self._task_cache: dict[int, TaskBatch] = {}
         self._inflight_by_version = collections.Counter(v for v, _ in self.state.in_flight.values())
         self._held_by_version = collections.Counter(r.version for r in self.state.held)
+        #: rejected cohorts since the driver last drained this list: ``{"version", "members", "reason"}``
+        self.rejections: list[dict[str, Any]] = []
 
     # ---------------------------------------------------------------------------------------------------
     # Read-only views (what schedules and drivers look at)
@@ -294,7 +304,10 @@ class Coordinator:
                 raise TypeError(f"schedule {self.schedule!r} returned {verdict!r}, not a Verdict")
             self._accept(finished, lag)
             if len(state.cohort) == self.config.population:
-                records.append(self._apply())
+                try:
+                    records.append(self._apply())
+                except RejectedUpdate as err:
+                    self._reject_cohort(str(err))
                 pos = 0
         return records
 
@@ -302,8 +315,26 @@ class Coordinator:
         """Apply the complete cohort whose ``apply_update`` raised (the cohort was kept), then re-triage."""
         if len(self.state.cohort) < self.config.population:
             return []
-        records = [self._apply()]
+        try:
+            records = [self._apply()]
+        except RejectedUpdate as err:
+            self._reject_cohort(str(err))
+            records = []
         return records + self._triage(0)
+
+    def _reject_cohort(self, reason: str) -> None:
+        """Drop the open (complete) cohort whose update was refused: t stays, its members are discarded
+        ('rejected_update', un-counting their acceptance) and the rejection is recorded."""
+        state = self.state
+        rows, state.cohort = state.cohort, []
+        for r in rows:
+            state.accepted -= 1
+            state.accepted_time -= r.duration
+            state.lag_hist[state.version - r.version] -= 1
+            self._discard(r, "rejected_update")
+        state.rejected_updates += 1
+        self.rejections.append({"version": state.version, "members": [[r.version, r.index] for r in rows],
+                                "reason": reason})
 
     def _accept(self, finished: Finished, lag: int) -> None:
         state = self.state
@@ -360,6 +391,7 @@ class Coordinator:
             "accepted_time": s.accepted_time,
             "lag_hist": list(s.lag_hist),
             "stale_fraction": 1.0 - s.lag_hist[0] / s.accepted if s.accepted else 0.0,
+            "rejected_updates": s.rejected_updates,
         }
 
     def state_dict(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from esjax.es import noise as es_noise
+from esjax.loop.coordinator import RejectedUpdate
 from esjax.loop.tasks import hash_ints
 from esjax.loop.types import Cohort, Job
 
@@ -67,13 +68,33 @@ class ESUpdate:
     def __call__(self, cohort: Cohort) -> Mapping[str, Any]:
         if cohort.version != self.version:
             raise RuntimeError(f"cohort for version {cohort.version}, but the ES state is at {self.version}")
-        self.state, metrics = self._update(
+        state, metrics = self._update(
             self.config, self.state, jnp.asarray(cohort.versions, jnp.int32), jnp.asarray(cohort.indices, jnp.int32),
             jnp.asarray(cohort.fitness, jnp.float32))
+        bad = nonfinite_leaves(state.params)
+        if bad:  # θ_t and the optimizer state stay as they were; the coordinator drops the cohort
+            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+            raise RejectedUpdate(f"update {self.version} -> {self.version + 1} would make parameters non-finite "
+                                 f"({', '.join(bad[:3])}{more})")
+        self.state = state
         self._params[self.version] = self.state.params
         for old in [v for v in self._params if v <= self.version - self.keep]:
             del self._params[old]
         return {k: float(np.asarray(v)) for k, v in dict(metrics).items() if np.ndim(v) == 0}
+
+
+@jax.jit
+def _finite_flags(params: PyTree) -> list:
+    return [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(params)]
+
+
+def nonfinite_leaves(params: PyTree) -> list[str]:
+    """Paths of the leaves of ``params`` holding a NaN or an infinity (one fused device check)."""
+    flags = np.asarray(jax.device_get(_finite_flags(params)))
+    if flags.all():
+        return []
+    paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)]
+    return [p for p, ok in zip(paths, flags) if not ok]
 
 
 @functools.partial(jax.jit, static_argnums=0)

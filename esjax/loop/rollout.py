@@ -16,6 +16,8 @@ agent's memory without calling the model, which is how a resumed run continues i
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -55,6 +57,7 @@ class Episode:
     reward: float = 0.0
     done: bool = False
     info: dict = dataclasses.field(default_factory=dict)
+    failure: str | None = None  # why the env failed this episode (an exception or a step timeout)
 
     @property
     def steps(self) -> int:
@@ -87,11 +90,15 @@ class RolloutEngine:
       max_steps: episode step cap (an episode that never buys scores 0).
       temperature: sampling temperature over candidate log-likelihoods (training rows); 0 = greedy.
       buckets: padding of policy calls; coarse buckets keep a run to a handful of compiled programs.
+      step_timeout: seconds one env step may take (None: no limit). Steps then run on a helper thread;
+        a step past the limit fails its episode, its env session is replaced (``pool.replace_env``) and
+        the thread is abandoned. An env step that raises fails its episode either way; failed episodes
+        come back from :meth:`tick` with ``failure`` set and ``reward`` 0.
     """
 
     def __init__(self, pool: Any, agent: WebShopAgent, model_config: ModelConfig, noise: NoiseSpec,
                  sigma_at: Callable[[int], float], max_steps: int, temperature: float = 1.0,
-                 buckets: Buckets = ROLLOUT_BUCKETS):
+                 buckets: Buckets = ROLLOUT_BUCKETS, step_timeout: float | None = None):
         self.pool = pool
         self.agent = agent
         self.model_config = model_config
@@ -100,6 +107,7 @@ class RolloutEngine:
         self.max_steps = max_steps
         self.temperature = temperature
         self.buckets = buckets
+        self.step_timeout = step_timeout
         self.free_rows: list[int] = list(range(len(pool)))[::-1]
         self.live: dict[int, Episode] = {}
 
@@ -200,17 +208,96 @@ class RolloutEngine:
             episode.trace.append((picked.text, picked.action))
             actions[episode.row] = picked.action
         stats.rows = sum(a is not None for a in actions)
-        observations, rewards, dones, infos = self.pool.step(actions)
+        results, failures = self._step(actions)
         finished = []
         for episode in waiting:
-            if actions[episode.row] is not None:
-                episode.observation = observations[episode.row]
+            if episode.row in failures:
+                episode.done, episode.reward, episode.failure = True, 0.0, failures[episode.row]
+            elif actions[episode.row] is not None:
+                observation, reward, done, info = results[episode.row]
+                episode.observation = observation
                 episode.available = self.pool.envs[episode.row].available_actions()
-                if dones[episode.row]:
-                    episode.done, episode.reward, episode.info = True, float(rewards[episode.row]), infos[episode.row]
+                if done:
+                    episode.done, episode.reward, episode.info = True, float(reward), info
             if episode.done or episode.steps >= self.max_steps:
                 episode.done = True
                 finished.append(episode)
                 del self.live[episode.row]
                 self.free_rows.append(episode.row)
         return finished, stats
+
+    # ------------------------------------------------------------------------------------------- env steps
+    def _step(self, actions: Sequence[str | None]) -> tuple[dict[int, tuple], dict[int, str]]:
+        """Step every row with an action, one row at a time so one failing session fails only itself.
+
+        Returns ``(results, failures)``: row -> (observation, reward, done, info) and row -> reason.
+        """
+        rows = [row for row, action in enumerate(actions) if action is not None]
+        if self.step_timeout is None:
+            batch = _StepBatch(rows, self.pool.envs, actions)
+            batch.run()
+            return batch.results, batch.failures
+        results: dict[int, tuple] = {}
+        failures: dict[int, str] = {}
+        poll = min(0.25, self.step_timeout / 4)
+        while rows:
+            batch = _StepBatch(rows, self.pool.envs, actions)
+            thread = threading.Thread(target=batch.run, name="esjax-env-step", daemon=True)
+            thread.start()
+            hung = None
+            while thread.is_alive():
+                thread.join(poll)
+                with batch.lock:
+                    if batch.finished:
+                        break
+                    if time.monotonic() - batch.started > self.step_timeout:
+                        batch.cancelled = True  # the thread drops whatever it does from now on
+                        hung = batch.pos
+                        break
+            with batch.lock:
+                results.update(batch.results)
+                failures.update(batch.failures)
+            if hung is None:
+                break
+            row = rows[hung]
+            failures[row] = f"timeout: env step took longer than {self.step_timeout:g} s"
+            replace = getattr(self.pool, "replace_env", None)
+            if replace is not None:  # the hung session may still be running on the abandoned thread
+                replace(row)
+            rows = rows[hung + 1:]
+        return results, failures
+
+
+class _StepBatch:
+    """Steps ``rows`` in order, recording each row's result or failure (run inline or on a thread)."""
+
+    def __init__(self, rows: list[int], envs: Sequence[Any], actions: Sequence[str | None]):
+        self.rows, self.envs, self.actions = rows, list(envs), actions
+        self.results: dict[int, tuple] = {}
+        self.failures: dict[int, str] = {}
+        self.lock = threading.Lock()
+        self.pos = 0
+        self.started = time.monotonic()
+        self.cancelled = False
+        self.finished = False
+
+    def run(self) -> None:
+        for pos, row in enumerate(self.rows):
+            with self.lock:
+                if self.cancelled:
+                    return
+                self.pos, self.started = pos, time.monotonic()
+            try:
+                out, failure = self.envs[row].step(self.actions[row]), None
+            except Exception as err:  # noqa: BLE001 - any env failure ends only this episode
+                text = str(err).splitlines()[0][:200] if str(err) else ""
+                out, failure = None, f"error: {err.__class__.__name__}: {text}".rstrip(": ")
+            with self.lock:
+                if self.cancelled:
+                    return
+                if failure is None:
+                    self.results[row] = out
+                else:
+                    self.failures[row] = failure
+        with self.lock:
+            self.finished = True
