@@ -79,7 +79,7 @@ _MEASURE = textwrap.dedent("""
     cfg = tiny_config(num_heads=4, num_kv_heads=2, head_dim=8, hidden_size=32, intermediate_size=48,
                       vocab_size=128, dtype="bfloat16")
     mesh = make_mesh(2, 4)
-    params = jax.jit(lambda k: init_params(cfg, k), out_shardings=param_shardings(cfg, mesh))(jax.random.key(0))
+    params = jax.device_put(init_params(cfg, jax.random.key(0)), param_shardings(cfg, mesh))
     rows, slots = 6, 16
     shapes = jax.eval_shape(lambda: init_cache(cfg, rows, slots))
     axes = {"k": CACHE_AXES, "v": CACHE_AXES, "valid": ("batch", "cache_seq"), "index": ()}

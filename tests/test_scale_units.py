@@ -75,6 +75,14 @@ def test_distributed_config_from_env():
         DistributedConfig.from_env(env, process_id=4)
 
 
+def test_setup_builds_the_mesh_from_a_config_section():
+    from esjax.config import MeshSection
+    from esjax.parallel import setup
+
+    mesh, info = setup(MeshSection(data=0, model=1))
+    assert dict(mesh.shape) == {"data": info.device_count, "model": 1} and info.process_count == 1
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -21,6 +21,7 @@ from esjax.parallel.multihost import (
     owned_rows,
     process_info,
     row_owners,
+    setup,
     shutdown,
 )
 from esjax.parallel.sharded import (
@@ -45,5 +46,5 @@ __all__ = [
     "check_agreement", "check_partitionable", "decode_results", "encode_results", "exchange_results", "initialize",
     "is_initialized", "like_params_shardings", "local_rows", "mesh_from_config", "mesh_shape", "owned_rows",
     "pad_rows_to", "parse_mesh", "per_device_bytes", "population_forward", "process_info", "row_owners",
-    "shard_perturbation", "shard_rows", "shutdown", "state_shardings", "update_memory",
+    "setup", "shard_perturbation", "shard_rows", "shutdown", "state_shardings", "update_memory",
 ]

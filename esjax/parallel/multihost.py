@@ -138,9 +138,9 @@ def process_info() -> ProcessInfo:
 
 
 def is_initialized() -> bool:
-    from jax._src import distributed as _dist  # no public query in jax 0.10
+    import jax
 
-    return _dist.global_state.client is not None
+    return bool(jax.distributed.is_initialized())
 
 
 def initialize(config: DistributedConfig | None = None) -> ProcessInfo:
@@ -195,6 +195,18 @@ def _say_init_timeout(where: str, timeout: int) -> None:
     sys.stderr.write(f"esjax: DistributedError: the multi-process job did not form within {timeout} s ({where}). "
                      f"{_CHECK}. JAX's runtime now terminates this process.\n")
     sys.stderr.flush()
+
+
+def setup(mesh_config: Any = None, distributed: DistributedConfig | None = None) -> tuple[Any, ProcessInfo]:
+    """What a trainer calls first: join the job when ``mesh_config.distributed`` is true (settings from
+    ``distributed`` or the environment), then build the global ``('data', 'model')`` mesh."""
+    from esjax.parallel.sharded import mesh_from_config
+
+    wants = bool(getattr(mesh_config, "distributed", False) or (isinstance(mesh_config, Mapping)
+                                                              and mesh_config.get("distributed")))
+    if wants or distributed is not None:
+        initialize(distributed)
+    return mesh_from_config(mesh_config), process_info()
 
 
 def shutdown() -> None:

@@ -110,7 +110,7 @@ def deterministic_run(mesh: Any, *, updates: int = 3, population: int = 4, max_l
     cfg = model_config if model_config is not None else tiny_config()
     es_config = smoke_es_config(mode, seed)
     sharded = ShardedES(es_config, cfg, mesh)
-    params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(seed))  # one compile, not one per leaf
+    params = init_params(cfg, jax.random.key(seed))
     engine = ESUpdate(es_config, state=sharded.init(params), keep=max_lag + 1, update_fn=sharded.update_fn)
     coord = Coordinator(CoordinatorConfig(population, max_lag, seed=seed, train_size=100, tasks_per_member=2),
                         Async(), engine)
@@ -194,15 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from esjax.parallel import multihost
+    from esjax.parallel.sharded import parse_mesh
 
-    if args.distributed:
-        multihost.initialize()
+    mesh, _ = multihost.setup({**parse_mesh(args.mesh), "distributed": args.distributed})
     import jax
 
     from esjax.parallel.multihost import owned_rows
-    from esjax.parallel.sharded import mesh_from_config, pad_rows_to, parse_mesh
+    from esjax.parallel.sharded import pad_rows_to
 
-    mesh = mesh_from_config(parse_mesh(args.mesh))
     result = deterministic_run(mesh, updates=args.updates, mode=args.mode, checkpoint_dir=args.checkpoint_dir,
                                capacity=args.exchange_capacity)
     params = result.params_numpy()

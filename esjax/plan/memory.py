@@ -1,8 +1,9 @@
 """Per-device memory plan of a run: what lives on one accelerator during rollouts and during an update.
 
 Why: whether a (model, mesh, population, lag, batch, context) combination fits is otherwise found out by an
-out-of-memory error after minutes of loading. Shapes come from ``jax.eval_shape`` over the model's own
-``init_params`` / ``init_cache`` and the optimizer's ``init`` (nothing allocated), and per-device shard sizes
+out-of-memory error after minutes of loading. Shapes come from the model's own parameter spec (``param_shapes``,
+what ``init_params`` and the HF loader fill) and ``jax.eval_shape`` of ``init_cache`` and the optimizer's
+``init`` (nothing allocated), and per-device shard sizes
 from the model's sharding rules (``esjax.model.sharding.logical_to_spec``), so the parameter and KV-cache lines
 are exact; activations and the update's scratch are estimates (labelled so).
 
@@ -29,7 +30,7 @@ import numpy as np
 from esjax.es.noise import path_str
 from esjax.model.config import ModelConfig
 from esjax.model.decoder import init_cache
-from esjax.model.params import init_params, is_matrix_path, param_logical_axes
+from esjax.model.params import is_matrix_path, param_logical_axes, param_shapes
 from esjax.model.sharding import CACHE_AXES, DATA, MODEL, logical_to_spec
 
 GiB = 1 << 30
@@ -153,8 +154,9 @@ def _optimizer(name: Optimizer):
 
 
 def param_plan(config: ModelConfig, mesh_shape: dict[str, int], dtype: Any) -> list[tuple[str, Any, tuple, int]]:
-    """``[(path, ShapeDtypeStruct, logical axes, per-device bytes)]`` of θ, exact (eval_shape of init)."""
-    shapes = jax.eval_shape(lambda key: init_params(config, key, dtype), jax.random.key(0))
+    """``[(path, ShapeDtypeStruct, logical axes, per-device bytes)]`` of θ, exact: the model's own parameter
+    spec (``param_shapes``, which ``init_params`` and the HF loader fill), nothing allocated."""
+    shapes = param_shapes(config, dtype)
     flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
     axes = jax.tree.leaves(param_logical_axes(config), is_leaf=lambda x: isinstance(x, tuple))
     return [(path_str(kp), s, ax, shard_bytes(s.shape, s.dtype, ax, mesh_shape)) for (kp, s), ax in zip(flat, axes)]
