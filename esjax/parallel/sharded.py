@@ -162,6 +162,7 @@ class ShardedES:
     dtype: Any = None
 
     def __post_init__(self) -> None:
+        check_partitionable()
         es_update = self._es = es_module()
         self.shardings = state_shardings(self.es_config, self.model_config, self.mesh, self.dtype)
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
