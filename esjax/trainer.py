@@ -209,6 +209,13 @@ class Trainer:
         self.engine = RolloutEngine(self.pool, self.agent, self.policy.config, self.es_config.noise,
                                     lambda v: float(self.es_config.sigma_at(v)), config.env.max_steps,
                                     config.agent.temperature, step_timeout=config.env.step_timeout_s)
+        self.mesh = None
+        self.sharded = None
+        if len(jax.devices()) > 1:  # shard θ and its update over ('data', 'model'); rows over 'data'
+            from esjax.parallel.sharded import ShardedES, mesh_from_config
+
+            self.mesh = mesh_from_config(config.mesh)
+            self.sharded = ShardedES(self.es_config, self.policy.config, self.mesh)
         self.es_update: ESUpdate | None = None
         self.coord: Coordinator | None = None
         self.jobs: dict[int, JobProgress] = {}
@@ -227,8 +234,21 @@ class Trainer:
         self.last_update_wall = 0.0
 
     # ----------------------------------------------------------------------------------------- set-up
+    def _es_update(self, state: Any) -> ESUpdate:
+        """The coordinator's update: on a multi-device mesh, the sharded program (θ stays sharded)."""
+        update_fn = None
+        if self.sharded is not None:
+            state = self.sharded.place(state)
+            update_fn = self.sharded.update_fn
+        return ESUpdate(self.es_config, state=state, keep=self.K + 1, update_fn=update_fn)
+
     def fresh(self) -> None:
-        self.es_update = ESUpdate(self.es_config, self.policy.params, keep=self.K + 1)
+        from esjax.es.update import init
+
+        params = self.policy.params
+        if self.sharded is not None:
+            params = jax.device_put(params, self.sharded.shardings.params)
+        self.es_update = self._es_update(init(self.es_config, params))
         self.coord = build_coordinator(self.config, len(self.train_goals), self.es_update)
 
     def params_at(self, version: int) -> Any:
@@ -275,7 +295,7 @@ class Trainer:
             return {"state": self.es_update.state, "versions": {str(v): params for v in loop["saved_versions"]}}
 
         step, tree, loop = checkpointer.restore_latest(target)
-        self.es_update = ESUpdate(self.es_config, state=tree["state"], keep=self.K + 1)
+        self.es_update = self._es_update(tree["state"])
         saved = {int(v): p for v, p in tree["versions"].items()}
         for v, p in saved.items():
             if v >= self.es_update.version - self.K:
@@ -584,7 +604,7 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
     progress = Progress(config.run.updates, enabled=config.run.progress)
     trainer._progress = progress
     try:
-        with progress:
+        with progress, (jax.set_mesh(trainer.mesh) if trainer.mesh is not None else contextlib.nullcontext()):
             trainer.run(writer, checkpointer, progress)
     except OSError as err:  # a full or read-only disk under the run directory: stop, keep the last checkpoint
         raise StorageError(f"{run_dir}: cannot write the run ({storage_reason(err)}); stopped at version "
