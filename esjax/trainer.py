@@ -211,6 +211,9 @@ class Trainer:
                                     config.agent.temperature, step_timeout=config.env.step_timeout_s)
         self.mesh = None
         self.sharded = None
+        if config.mesh.distributed:
+            raise ConfigError("mesh.distributed: the trainer runs on one host's devices for now; multi-process "
+                              "runs are available through esjax.parallel (python -m esjax.parallel.smoke)")
         if len(jax.devices()) > 1:  # shard θ and its update over ('data', 'model'); rows over 'data'
             from esjax.parallel.sharded import ShardedES, mesh_from_config
 
