@@ -19,6 +19,18 @@ class ConfigError(ValueError):
     """A configuration problem a user can fix; the message is one line and names the key."""
 
 
+def _path_problem(text: str, want: str) -> str | None:
+    """Why ``text`` is not an existing ``want`` ('dir', 'file' or 'any') path, or None if it is one.
+
+    Odd paths (a NUL byte, a name too long for the OS, ``~unknownuser``) are "not found", never an exception."""
+    try:
+        path = Path(text).expanduser()
+        ok = path.is_dir() if want == "dir" else path.is_file() if want == "file" else path.exists()
+    except (OSError, ValueError, RuntimeError) as err:
+        return f"is not a usable path ({err.__class__.__name__})"
+    return None if ok else "does not exist"
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -56,10 +68,10 @@ class ModelSection(_Section):
         if self.source == "hf":
             if not self.path:
                 raise ValueError("model.path: required when model.source is 'hf'")
+            if _path_problem(self.path, "dir") is not None:
+                raise ValueError(f"model.path: {self.path[:200]!r} is not a directory")
             folder = Path(self.path).expanduser()
-            if not folder.is_dir():
-                raise ValueError(f"model.path: {folder} is not a directory")
-            if not (folder / "config.json").is_file():
+            if _path_problem(str(folder / "config.json"), "file") is not None:
                 raise ValueError(f"model.path: {folder} has no config.json")
         return self
 
@@ -129,8 +141,9 @@ class EnvSection(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> EnvSection:
-        if self.data != "synthetic" and not Path(self.data).expanduser().exists():
-            raise ValueError(f"env.data: {self.data} does not exist (expected 'synthetic' or a data folder)")
+        if self.data != "synthetic" and _path_problem(self.data, "any") is not None:
+            raise ValueError(f"env.data: {self.data[:200]!r} {_path_problem(self.data, 'any')} "
+                             "(expected 'synthetic' or a data folder)")
         return self
 
 
