@@ -80,6 +80,22 @@ def test_noise_bit_identical_across_calls_jit_and_vmap(spec):
         np.testing.assert_allclose(x, base + 0.3 * eager[1][nz.path_str(p)], rtol=1e-6, atol=1e-6)
 
 
+def test_batched_pair_noise_is_bit_identical_to_pair_noise():
+    leaves = [("a/kernel", (6, 5)), ("bias", (5,)), ("stack/kernel", (2, 4, 3)), ("big", (10, 12)),
+              ("big2", (12, 10)), ("big3", (10, 12))]
+    versions, pairs = jnp.array([0, 3, 3, 7], jnp.int32), jnp.array([0, 1, 5, 2], jnp.int32)
+    for spec in SPECS:
+        @jax.jit
+        def both(v, p, spec=spec):
+            # small_draw / large_draw shrunk so padding, same-size grouping and singletons all occur.
+            batched = nz.batched_pair_noise(spec, leaves, v, p, small_draw=40, large_draw=100)
+            one = lambda path, shape: jax.vmap(lambda vv, pp: nz.pair_noise(spec, path, shape, vv, pp))(v, p)
+            one_by_one = [one(path, shape) for path, shape in leaves]
+            return batched, one_by_one
+        batched, one_by_one = both(versions, pairs)
+        assert _equal_trees(batched, one_by_one), spec.mode
+
+
 def test_noise_depends_on_paths_not_dict_order():
     spec = SPECS[0]
     forward = {"a": jnp.zeros((8, 8)), "b": jnp.zeros((8, 8))}

@@ -8,6 +8,7 @@ from esjax.es import schedules, shaping
 from esjax.es.noise import (
     NoiseSpec,
     Scope,
+    batched_pair_noise,
     leaf_id,
     leaf_paths,
     lowrank_embed,
@@ -45,6 +46,7 @@ __all__ = [
     "NoiseSpec",
     "Scope",
     "auto_chunk_size",
+    "batched_pair_noise",
     "centered_ranks",
     "constant",
     "cosine",

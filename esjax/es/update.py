@@ -27,7 +27,9 @@ Memory is O(params), independent of N. Members are first merged by noise draw: t
 partners ``(v, 2j)``, ``(v, 2j+1)`` (and any duplicate) share one draw ``(v, j)`` whose combined coefficient
 is ``Σ c_i w_i s_i``; draws with a zero coefficient (e.g. partners with tied fitness) are moved to the end.
 The draws are then accumulated in chunks of ``chunk_size`` with ``lax.scan``; an all-zero chunk is skipped
-with ``lax.cond``, so each noise tensor is generated once per distinct draw. Dense leaves add
+with ``lax.cond``, so each noise tensor is generated once per distinct draw. Within a chunk all leaves'
+draws come from :func:`~esjax.es.noise.batched_pair_noise` (a few threefry kernels, not one per leaf:
+CPU compile time stays flat in the leaf count). Dense leaves add
 ``tensordot(coef, ε)``; low-rank leaves add one einsum ``Σ_c coef_c A_c B_cᵀ/√r`` per chunk (a single
 einsum per leaf when the chunk covers the cohort, the low-rank default). The compiled program depends
 only on N, the parameter shapes and the (static) config — never on the values of versions or indices.
@@ -47,7 +49,7 @@ import numpy as np
 import optax
 
 from esjax.es import shaping as shaping_lib
-from esjax.es.noise import NoiseSpec, pair_noise, path_str
+from esjax.es.noise import NoiseSpec, batched_pair_noise, path_str
 from esjax.es.schedules import Schedule, as_schedule
 
 PyTree = Any
@@ -175,13 +177,17 @@ def merge_draws(spec: NoiseSpec, versions: jax.Array, indices: jax.Array, coefs:
     return d_v[live], d_p[live], merged[live]
 
 
-def _chunk_sum(spec: NoiseSpec, path: str, shape: tuple[int, ...], v, p, c) -> jax.Array:
-    draws = jax.vmap(lambda vv, pp: pair_noise(spec, path, shape, vv, pp, jnp.float32))(v, p)
-    if spec.is_lowrank_leaf(shape):
-        a, b = draws
-        a = a * c.reshape((-1,) + (1,) * (a.ndim - 1))
-        return jnp.einsum("c...mr,c...nr->...mn", a, b) / math.sqrt(spec.rank)
-    return jnp.tensordot(c, draws, axes=1)
+def _chunk_sums(spec: NoiseSpec, scoped: list[tuple[str, tuple[int, ...]]], v, p, c) -> list[jax.Array]:
+    """``Σ_c coef_c · draw_c`` for every scoped leaf, with all draws from a few threefry kernels."""
+    sums = []
+    for (_, shape), draws in zip(scoped, batched_pair_noise(spec, scoped, v, p)):
+        if spec.is_lowrank_leaf(shape):
+            a, b = draws
+            a = a * c.reshape((-1,) + (1,) * (a.ndim - 1))
+            sums.append(jnp.einsum("c...mr,c...nr->...mn", a, b) / math.sqrt(spec.rank))
+        else:
+            sums.append(jnp.tensordot(c, draws, axes=1))
+    return sums
 
 
 def weighted_noise_sum(spec: NoiseSpec, params: PyTree, versions, indices, coefs,
@@ -212,7 +218,7 @@ def weighted_noise_sum(spec: NoiseSpec, params: PyTree, versions, indices, coefs
         xs = tuple(x.reshape(-1, chunk) for x in (d_v, d_p, d_c))
 
         def add(acc, v, p, c):
-            return [a + _chunk_sum(spec, path, shape, v, p, c) for a, (path, shape) in zip(acc, scoped)]
+            return [a + d for a, d in zip(acc, _chunk_sums(spec, scoped, v, p, c))]
 
         def body(acc, x):
             v, p, c = x
