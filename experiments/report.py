@@ -93,6 +93,7 @@ def read_run(run_dir: Path) -> dict | None:
         "auc": auc([r["version"] for r in evals], [r["score"] for r in evals]),
         "update_versions": [r["version"] for r in updates], "update_ticks": [r.get("tick") for r in updates],
         "update_walls": [r["wall_time"] for r in updates],
+        "update_seconds": [r.get("seconds", math.nan) for r in updates],
         "stale_fraction": sum(c for lag, c in lags.items() if lag > 0) / accepted,
         "mean_lag": sum(lag * c for lag, c in lags.items()) / accepted, "lag_hist": dict(sorted(lags.items())),
         "discarded": last.get("discarded"), "accepted": last.get("accepted"),
@@ -300,6 +301,39 @@ def _settings(grid: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+def _provenance(grid: dict[str, list[dict]]) -> list[str]:
+    """Which policy weights, how much compute, which presets."""
+    import hashlib
+    import subprocess
+
+    lines = []
+    sources = {r["config"]["model"]["source"] for runs in grid.values() for r in runs}
+    weights = REPO / "esjax" / "assets" / "default_policy" / "model.safetensors"
+    if "embedded" in sources and weights.is_file():
+        digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
+        try:
+            commit = subprocess.run(["git", "log", "-1", "--format=%h %cI", "--", str(weights)], cwd=REPO,
+                                    capture_output=True, text=True, timeout=10).stdout.strip() or "uncommitted"
+        except (OSError, subprocess.SubprocessError):
+            commit = "unknown"
+        lines.append(f"- Policy: the embedded default (`esjax/assets/default_policy/model.safetensors`, sha256 "
+                     f"`{digest}…`, last commit {commit}), the same initial weights for every run.")
+    seconds, presets = [], set()
+    for runs in grid.values():
+        for r in runs:
+            meta = r["dir"] / "grid.json"
+            if meta.is_file():
+                info = json.loads(meta.read_text())
+                seconds.append(float(info.get("seconds", 0.0)))
+                presets.add(info.get("preset", "?"))
+    total = sum(len(v) for v in grid.values())
+    median = float(np.median(seconds)) if seconds else 0.0
+    lines.append(f"- {total} finished runs in {len(grid)} cells; grid preset(s): {', '.join(sorted(presets)) or '?'}; "
+                 f"run time {sum(seconds) / 60:.1f} min summed over runs (median {median:.0f} s per run, including "
+                 "evaluation; processes shared a loaded 2-core CPU).")
+    return lines
+
+
 def findings(grid: dict[str, list[dict]]) -> list[str]:
     """Plain statements of which published findings hold here, with the numbers."""
     sync = grid.get("sync")
@@ -397,6 +431,7 @@ def write_report(grid: dict[str, list[dict]], out: Path, data: str, runs_root: P
              f"`experiments/staleness_grid.py` (`{runs_root.name}/{data}/`). Every number below comes from a "
              "finished trainer run; seeds are listed per row.", ""]
     lines += ["## Settings", "", "| key | value(s) across runs |", "|---|---|", *_settings(grid), ""]
+    lines += [*_provenance(grid), ""]
     lines += ["Final score = 100 × mean reward of the greedy unperturbed θ on the held-out goals at the last "
               "version; success = share of goals with reward 1; AUC = mean eval score along the run (trapezoid "
               "over versions); Δ = cell − sync, paired by seed, with the 95% t interval over seeds. "

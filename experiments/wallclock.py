@@ -82,8 +82,8 @@ def real_loop_rows(grid: dict[str, list[dict]]) -> list[tuple]:
         if not runs:
             continue
         ticks = [r["ticks"] / r["update_versions"][-1] for r in runs]
-        # seconds per update over update records only (evaluation rows share the ticks; see the note)
-        secs = [(r["update_walls"][-1] - r["update_walls"][0]) / max(r["update_versions"][-1] - 1, 1) for r in runs]
+        # median seconds per update of each run: robust to the updates that compile a new shape bucket
+        secs = [float(np.nanmedian(r["update_seconds"])) for r in runs]
         out.append((name, len(runs), float(np.mean(ticks)), float(np.std(ticks)), float(np.mean(secs)),
                     float(np.std(secs)), float(np.mean([r["utilization"] for r in runs])),
                     float(np.mean([r["stale_fraction"] for r in runs]))))
@@ -164,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", "## Real loop: the grid's runs", "",
               "Ticks per update = last update's tick / updates (the whole run, evaluation rows share the ticks "
               "but do not add any: they run as extra rows in the same ticks). Seconds per update = wall time "
-              "between the first and the last update record / (updates − 1), which excludes the first update's "
-              "compilation but includes the evaluation rows' share of each tick. Utilization = busy training "
+              "from one update record to the next, median over a run's updates (robust to the few updates that "
+              "compile a new shape bucket), then mean over runs; it includes the evaluation rows' share of each tick "
+              "and the contention of a shared CPU. Utilization = busy training "
               "slots / slots, averaged over updates.", "",
               "| cell | runs | ticks / update | seconds / update | slot utilization | stale share |",
               "|---|---|---|---|---|---|"]
