@@ -6,7 +6,9 @@ scripted (oracle) and random actions (30% random clickables, 5% junk strings), a
 starts a new goal at once. Every ``--interval`` seconds it samples throughput (env steps/s) and resident
 memory (RSS, /proc/self/statm). It stops by itself after ``--minutes`` and reports:
 
-* throughput per interval, its median and the largest deviation from the median (target within ±20%);
+* throughput per interval, its median and the largest deviation from the median (target within ±20%),
+  both per wall-clock second and per CPU second of this process: on a shared machine the wall-clock rate
+  follows the other jobs' load, the CPU-time rate shows whether the pool itself slows down;
 * RSS growth over the last 5 minutes (target < 5%).
 
 Example: ``python benchmarks/soak.py --minutes 10 --sessions 2000 --out benchmarks/soak_result.json``
@@ -74,6 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
     samples: list[dict] = []
     steps = episodes = interval_steps = 0
     interval_start = start
+    cpu_start = time.process_time()
     junk = ["click[nothing]", "search[]", "buy", "click[[", "\x00", "click[< prev]"]
     while True:
         actions = []
@@ -96,19 +99,29 @@ def main(argv: list[str] | None = None) -> dict:
             new_goal(i)
         now = time.perf_counter()
         if now - interval_start >= args.interval or now >= end:
+            cpu = time.process_time()
             samples.append({"t": round(now - start, 2), "seconds": round(now - interval_start, 2),
                             "steps_per_s": interval_steps / (now - interval_start),
+                            "steps_per_cpu_s": interval_steps / max(cpu - cpu_start, 1e-9),
+                            "cpu_share": (cpu - cpu_start) / (now - interval_start),
                             "rss_mb": rss_bytes() / 2**20, "episodes": episodes})
             print(f"[soak] t={now - start:7.1f}s  {samples[-1]['steps_per_s']:9.0f} steps/s  "
+                  f"{samples[-1]['steps_per_cpu_s']:9.0f} steps/cpu-s  cpu {samples[-1]['cpu_share']:4.0%}  "
                   f"rss {samples[-1]['rss_mb']:8.1f} MiB  episodes {episodes}", flush=True)
-            interval_start, interval_steps = now, 0
+            interval_start, interval_steps, cpu_start = now, 0, cpu
             if now >= end:
                 break
 
     # Throughput over full intervals (a short last one is too noisy to judge).
-    rates = [s["steps_per_s"] for s in samples if s["seconds"] >= args.interval / 2] or [samples[-1]["steps_per_s"]]
-    median = statistics.median(rates)
-    worst = max(abs(r / median - 1) for r in rates)
+    full = [s for s in samples if s["seconds"] >= args.interval / 2] or samples[-1:]
+
+    def spread(key: str) -> tuple[float, float]:
+        rates = [s[key] for s in full]
+        median = statistics.median(rates)
+        return median, max(abs(r / median - 1) for r in rates)
+
+    median, worst = spread("steps_per_s")
+    cpu_median, cpu_worst = spread("steps_per_cpu_s")
     window_start = samples[-1]["t"] - min(300.0, samples[-1]["t"])
     first_in_window = next(s for s in samples if s["t"] >= window_start)
     # The RSS at the start of the last-5-minutes window: the sample closest to (at or before) its start.
@@ -120,6 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
         "sessions": args.sessions, "products": args.products, "minutes": args.minutes, "interval_s": args.interval,
         "steps": steps, "episodes": episodes, "samples": samples,
         "median_steps_per_s": median, "max_deviation_from_median": worst,
+        "median_steps_per_cpu_s": cpu_median, "max_cpu_deviation_from_median": cpu_worst,
+        "throughput_cpu_ok": cpu_worst <= 0.20,
         "rss_growth_last_5min": growth, "rss_start_mb": samples[0]["rss_mb"], "rss_end_mb": samples[-1]["rss_mb"],
         "throughput_ok": worst <= 0.20, "memory_ok": growth < 0.05,
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "loadavg_end": [round(x, 2) for x in load],
@@ -127,7 +142,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     print(f"[soak] {steps} steps, {episodes} episodes over {args.minutes} min with {args.sessions} sessions; "
           f"median {median:.0f} steps/s, worst interval {worst:+.1%} from the median "
-          f"({'ok' if report['throughput_ok'] else 'OUT OF ±20%'}); RSS growth over the last 5 min "
+          f"({'ok' if report['throughput_ok'] else 'OUT OF ±20%'}); per CPU second median {cpu_median:.0f}, worst "
+          f"{cpu_worst:+.1%} ({'ok' if report['throughput_cpu_ok'] else 'OUT OF ±20%'}); RSS growth, last 5 min "
           f"{growth:+.2%} ({'ok' if report['memory_ok'] else 'OVER 5%'})", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")

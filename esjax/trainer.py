@@ -82,9 +82,14 @@ def shop_texts(shop, limit: int = 5000):
 
 
 def build_policy(config: Config, shop) -> LoadedPolicy:
+    from esjax.model.hf import CheckpointError as ModelFileError
+
     m = config.model
-    return load_policy(m.source, m.path, m.dtype, random_config=m.random_config, seed=config.run.seed,
-                       texts=lambda: shop_texts(shop))
+    try:
+        return load_policy(m.source, m.path, m.dtype, random_config=m.random_config, seed=config.run.seed,
+                           texts=lambda: shop_texts(shop))
+    except ModelFileError as err:  # a missing or corrupt file of the model folder: one line naming it
+        raise ConfigError(f"model.path: {err}") from None
 
 
 def build_agent(config: Config, policy: LoadedPolicy) -> WebShopAgent:

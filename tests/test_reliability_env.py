@@ -117,7 +117,7 @@ def test_persistently_failing_member_is_dropped_and_counted(monkeypatch, tmp_pat
     result = train(load_config(None, [*BASE, "env.max_retries=2"]), run_dir=tmp_path / "run")
     events = _events(result.records)
     assert [e["action"] for e in events] == ["retry", "retry", "drop_job"]
-    assert all(e["member"] == [1, 1] for e in events) and len(faults.injected) == 3
+    assert all(e["member"] == [1, 1] for e in events) and len(faults.injected) >= 3  # both episodes fail
     updates = [r for r in result.records if r["kind"] == "update"]
     assert result.version == 3 and all(sum(r["lag_hist"].values()) == N for r in updates)
     after = updates[-1]

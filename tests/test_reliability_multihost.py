@@ -23,10 +23,10 @@ _TICKS = textwrap.dedent("""
     import time
     from esjax.parallel import multihost
     from esjax.loop.types import Member, Result
-    multihost.initialize()
+    me = multihost.initialize().process_index
     print("joined", flush=True)
-    for tick in range(100000):
-        got = multihost.exchange_results([Result(tick, Member(0, tick), 0.0)])
+    for tick in range(100000):  # each process owns the even / odd job ids
+        got = multihost.exchange_results([Result(2 * tick + me, Member(0, 2 * tick + me), 0.0)])
         if tick == 3:
             print("exchanging", len(got), flush=True)
         time.sleep(0.02)

@@ -51,9 +51,14 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: file not found")
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            data = json.load(f)
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{path}: invalid JSON ({err})") from err
+    except (UnicodeDecodeError, OSError) as err:
+        raise CheckpointError(f"{path}: cannot be read as JSON text ({err.__class__.__name__})") from err
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def read_config(model_dir: str | os.PathLike) -> tuple[ModelConfig, dict[str, Any]]:
@@ -133,7 +138,10 @@ class SafetensorsReader:
             path = self.dir / file
             if not path.is_file():
                 raise CheckpointError(f"{self.source}: refers to {file}, which does not exist in {self.dir}")
-            handle = self._open(str(path), framework="np")
+            try:
+                handle = self._open(str(path), framework="np")
+            except Exception as err:  # noqa: BLE001 - SafetensorError and friends: a corrupt header
+                raise CheckpointError(f"{path}: not a valid safetensors file ({_first_line(err)})") from err
             self._handles[file] = handle
             self._names[file] = set(handle.keys())
         return self._handles[file]
@@ -240,7 +248,15 @@ def load_tokenizer(model_dir: str | os.PathLike):
     path = Path(model_dir) / TOKENIZER_FILE
     if not path.is_file():
         raise CheckpointError(f"{path}: file not found")
-    return Tokenizer.from_file(str(path))
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # noqa: BLE001 - the tokenizers library raises a bare Exception
+        raise CheckpointError(f"{path}: not a valid tokenizer file ({_first_line(err)})") from err
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{err.__class__.__name__}: {text[0][:200]}" if text else err.__class__.__name__
 
 
 def _token_text(value: Any) -> str | None:
