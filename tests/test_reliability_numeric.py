@@ -110,3 +110,37 @@ def test_too_many_nonfinite_updates_stop_the_run_cleanly(poison, tmp_path, capsy
                     f"latest checkpoint loads at version {version} with finite θ",
            accepted_lost="no: the checkpoint at version 1 holds every applied update",
            test="tests/test_reliability_numeric.py::test_too_many_nonfinite_updates_stop_the_run_cleanly")
+
+
+def test_coordinator_drops_a_rejected_cohort_and_keeps_counting():
+    """The coordinator's side of a rejection, without a model: t kept, members discarded, state round-trips."""
+    import json
+
+    from esjax.loop.coordinator import Coordinator, CoordinatorConfig, RejectedUpdate
+    from esjax.loop.schedules import Async
+    from esjax.loop.types import Result
+
+    applied = []
+
+    def apply_update(cohort):
+        if len(applied) == 0 and not getattr(apply_update, "rejected", False):
+            apply_update.rejected = True
+            raise RejectedUpdate("would make parameters non-finite")
+        applied.append(cohort.version)
+        return {}
+
+    coord = Coordinator(CoordinatorConfig(2, 1), Async(), apply_update)
+    records = []
+    for _ in range(3):
+        jobs = coord.next_jobs(2)
+        for job in jobs:
+            records += coord.report(Result(job.job_id, job.member, 1.0 + job.job_id, 1.0))
+    totals = coord.totals()
+    assert [r.version for r in records] == [0, 1] and applied == [0, 1] and coord.version == 2
+    assert totals["rejected_updates"] == 1 and totals["discarded_by"]["rejected_update"] == 2
+    assert totals["accepted"] == 4 and totals["lag_hist"] == [4, 0]
+    assert coord.rejections == [{"version": 0, "members": [[0, 0], [0, 1]],
+                                 "reason": "would make parameters non-finite"}]
+    state = json.loads(json.dumps(coord.state_dict()))
+    again = Coordinator.from_state_dict(CoordinatorConfig(2, 1), Async(), state)
+    assert again.totals() == totals
