@@ -179,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
                 lines.append("")
                 lines.append(f"Real-loop speedup of {name} over sync: {by['sync'][2] / by[name][2]:.2f}× in ticks per "
                              f"update, {by['sync'][4] / by[name][4]:.2f}× in seconds per update.")
+        lines += ["", "Ticks are the clean comparison: seconds per update also carry the load of other jobs on a "
+                  "shared CPU and the compilations of each grid process's first runs (new shape buckets), "
+                  "which fall on whichever cells ran first."]
     lines += ["", "## Summary", ""]
     for n in populations:
         parts = []
