@@ -102,8 +102,7 @@ def test_random_actions_on_every_page_type_are_noops_or_valid(shop):
                      "Buy Now) on search, results, item, item sub-pages and the done page",
            expected="never raises; never ends the episode (only Buy Now does); invalid actions are no-ops",
            observed=f"{stats['actions']} actions, 0 exceptions, no live episode ended (the done page stays done); "
-                    "per page "
-                    + ", ".join(f"{k} {v}" for k, v in stats["by_page"].items()),
+                    "every page type got actions",
            accepted_lost="n/a", test="tests/test_reliability_fuzz.py::test_random_actions_on_every_page_type_are_"
                                      "noops_or_valid")
 
@@ -177,13 +176,14 @@ def test_config_mutations_give_config_or_one_line_error():
 
     check()
     check_override()
-    assert counts["valid"] + counts["rejected"] >= 1000 and counts["rejected"] > 0
+    assert counts["valid"] + counts["rejected"] >= 1000 and counts["rejected"] > 0 and counts["valid"] > 0
     record("fuzz-config", area="bad input", fault="random mutations of a valid config",
            injection=f"hypothesis: {counts['valid'] + counts['rejected']} mutated dicts (1-3 keys set to random "
                      f"values, deleted or unknown keys added) through config_from_dict, and {counts['overrides']} "
                      "random `--set key=value` overrides through load_config",
            expected="a valid Config or a one-line ConfigError naming the source; nothing else",
-           observed=f"{counts['valid']} valid, {counts['rejected']} one-line ConfigErrors, 0 other exceptions",
+           observed="every mutation gave a Config or a one-line ConfigError (both seen), every override likewise; "
+                    "0 other exceptions",
            accepted_lost="n/a", test="tests/test_reliability_fuzz.py::test_config_mutations_give_config_or_one_line_"
                                      "error")
 
@@ -251,8 +251,8 @@ def test_corrupt_model_folders_give_one_line_errors_naming_the_file(model_dir, t
         except _model_errors() as err:
             message = str(err)
             assert "\n" not in message, message
-            assert target in message or str(folder) in message, message
-            named += target in message
+            assert target in message, message
+            named += 1
             outcomes["error"] += 1
 
     check()
@@ -262,8 +262,8 @@ def test_corrupt_model_folders_give_one_line_errors_naming_the_file(model_dir, t
            injection=f"hypothesis: {sum(outcomes.values())} corrupted copies of the embedded HF policy folder "
                      "through load_pretrained",
            expected="a one-line CheckpointError naming the file (or a successful load when the file is still valid)",
-           observed=f"{outcomes['error']} one-line errors ({named} naming the corrupted file, the rest the folder), "
-                    f"{outcomes['loaded']} still-valid files loaded, 0 other exceptions",
+           observed="every corrupted folder gave a one-line CheckpointError naming the corrupted file, or loaded "
+                    "when the damage left a valid file; 0 other exceptions",
            accepted_lost="n/a",
            test="tests/test_reliability_fuzz.py::test_corrupt_model_folders_give_one_line_errors_naming_the_file")
 
@@ -321,7 +321,7 @@ def test_corrupt_data_files_give_data_errors_naming_file_and_field(tmp_path):
                      "(processed .jsonl and raw items_shuffle .json) and of items_ins_v2, through load_webshop",
            expected="DataError naming the file (and record/field where there is one), one line; or a load when "
                     "the dropped field is optional",
-           observed=f"{outcomes['error']} one-line DataErrors ({outcomes['field']} naming a field), "
-                    f"{outcomes['loaded']} loads, 0 other exceptions",
+           observed="every corrupted copy gave a one-line DataError naming the file (and the field, where one "
+                    "was at fault), or loaded when only an optional field was hit; 0 other exceptions",
            accepted_lost="n/a",
            test="tests/test_reliability_fuzz.py::test_corrupt_data_files_give_data_errors_naming_file_and_field")
