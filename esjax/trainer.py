@@ -413,6 +413,9 @@ class Trainer:
         if self.version % self.config.run.eval_every == 0 or self.version == self.config.run.updates:
             self._start_eval(self.version)
         if self.version % self.config.run.checkpoint_every == 0 or self.version == self.config.run.updates:
+            # Jobs dispatched before t - K can no longer be accepted and θ of their version is no longer kept:
+            # stop them before saving (the next tick would anyway), or the checkpoint asks for that θ.
+            self._abandon_hopeless()
             loop = self.loop_state()
             checkpointer.save(self.version, self.checkpoint_tree(loop["saved_versions"]), loop)
 
