@@ -25,8 +25,9 @@ import jax.numpy as jnp
 from esjax.es.noise import _PRNG_IMPL, NoiseSpec, leaf_id
 
 Part = Literal["a", "b", "full"]
-#: Draws with at most this many elements all share one kernel (padded to the largest of them).
-SMALL_DRAW = 8192
+#: Draws with at most this many elements all share one kernel (padded to the largest of them); larger
+#: draws are grouped by exact size (layer-stacked kernels share a few sizes), so padding wastes little.
+SMALL_DRAW = 1024
 
 
 def draw_normals(spec: NoiseSpec, requests: Sequence[tuple[str, tuple[int, ...], Part]], versions: jax.Array,
