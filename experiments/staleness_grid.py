@@ -197,7 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     for n, (cell, seed) in enumerate(todo, 1):
         overrides = [*preset["overrides"], *COMMON, *cell.overrides(preset["extreme_max_lag"]), *args.overrides]
         run_dir = run_dir_of(out, args.data, cell, seed)
-        status = run_cell(cell, seed, run_dir, base, overrides)
+        try:
+            status = run_cell(cell, seed, run_dir, base, overrides)
+        except Exception as err:  # one broken run must not stop the grid: record it and go on
+            (run_dir / "failed.json").write_text(json.dumps({"cell": cell.name, "seed": seed, "error": repr(err),
+                                                             "overrides": overrides}, indent=2))
+            print(f"[{n}/{len(todo)}] {cell.name} seed{seed}: FAILED {err!r} (see {run_dir}/failed.json)", flush=True)
+            continue
         status["preset"] = "quick" if args.quick else "full"
         (run_dir / "grid.json").write_text(json.dumps({**status, "overrides": overrides}, indent=2))
         elapsed = time.perf_counter() - started
