@@ -475,6 +475,13 @@ def write_report(grid: dict[str, list[dict]], out: Path, data: str, runs_root: P
     if sync:
         lines += ["", f"Initial (version 0) held-out score, identical across schedules of a seed: "
                       f"{_ms([r['initial'] for r in sync])} (seeds {','.join(str(r['seed']) for r in sync)})."]
+    failed = sorted((runs_root / data).glob("*/seed*/failed.json"))
+    failed = [f for f in failed if not (f.parent / "summary.md").is_file()]
+    if failed:
+        lines += ["", "Runs that failed (not in the table; `failed.json` in the run directory has the error):", ""]
+        for f in failed:
+            info = json.loads(f.read_text())
+            lines.append(f"- {info['cell']} seed {info['seed']}: `{info['error'][:200]}`")
     lines += ["", "## Which published findings hold here", "", *findings(grid), "",
               "Published (arXiv 2610.04196, its public benchmark, held-out success %): base "
               f"{PUBLISHED['base']}, sync {PUBLISHED['sync']}, natural async {PUBLISHED['async']}, delay-4 "
