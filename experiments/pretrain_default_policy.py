@@ -34,6 +34,7 @@ Run: ``python experiments/pretrain_default_policy.py`` (a few minutes on a 2-cor
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -203,10 +204,21 @@ def candidate_scores(config, params, p_tok, p_mask, c_tok, c_mask):
     return jnp.where(c_mask, logp, 0.0).sum(axis=1).reshape(rows, K)
 
 
-def make_train_step(config, optimizer):
+def make_optimizer(lr: float, steps: int, weight_decay: float):
+    import optax
+
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, min(50, steps // 4), steps, lr * 0.1)
+    return optax.adamw(schedule, weight_decay=weight_decay)
+
+
+@functools.lru_cache(maxsize=8)
+def make_train_step(config, lr: float, steps: int, weight_decay: float):
+    """The jitted AdamW step (cached, so repeated runs in one process compile once)."""
     import jax
     import jax.numpy as jnp
     import optax
+
+    optimizer = make_optimizer(lr, steps, weight_decay)
 
     def loss_fn(params, batch):
         scores = candidate_scores(config, params, batch["p_tok"], batch["p_mask"], batch["c_tok"], batch["c_mask"])
@@ -347,7 +359,6 @@ def main(argv: list[str] | None = None) -> dict:
         args.demo_goals, args.steps, args.batch, args.eval_goals = 24, 4, 8, 0
     t0 = time.perf_counter()
     import jax
-    import optax
 
     from envs.webshop_bridge import synthetic_shop
     from esjax.agent.tokenizer import train_bpe
@@ -367,10 +378,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     config = from_hf_dict(MODEL, "MODEL")
     params = init_params(config, jax.random.key(args.seed))
-    optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, args.lr, min(50, args.steps // 4), args.steps,
-                                                               args.lr * 0.1), weight_decay=args.weight_decay)
-    opt_state = optimizer.init(params)
-    train_step = make_train_step(config, optimizer)
+    opt_state = make_optimizer(args.lr, args.steps, args.weight_decay).init(params)
+    train_step = make_train_step(config, args.lr, args.steps, args.weight_decay)
     plan = batch_plan(data, args.batch, args.steps, args.seed)
     t_train = time.perf_counter()
     losses, accs = [], []
