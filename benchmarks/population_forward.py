@@ -61,7 +61,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--members", type=int, default=8, help="population members in the batch")
     ap.add_argument("--episodes", type=int, default=2, help="rows per member")
-    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="tiny model, 2 rounds (smoke test)")
     args = ap.parse_args()
