@@ -60,7 +60,11 @@ PRESETS: dict[str, dict] = {
 # policy in one update at N = 8 (measured: update norm 27 against a weight norm of 31, eval score 54.6 -> 0.0,
 # every later fitness 0); its kernels' entries have std 0.03-0.05. sigma = 0.02 keeps perturbed members' fitness
 # near the unperturbed policy's, and lr = 0.001 makes a step about 1/20 of the weight norm.
-STEP = ["es.sigma=0.02", "es.learning_rate=0.001"]
+# Pinned so that edits of configs/default.yaml cannot change the study between runs: low-rank ES on every
+# layer's kernels, sampling temperature 1.0.
+STEP = ["es.sigma=0.02", "es.learning_rate=0.001", "es.scope=matrices", "es.include=['/kernel$']", "es.exclude=[]",
+        "agent.temperature=1.0", "es.mode=lowrank", "es.rank=2", "es.scale=nes", "es.shaping=centered_ranks",
+        "es.optimizer=sgd", "env.max_steps=10", "env.num_products=500"]
 for _preset in PRESETS.values():
     _preset["overrides"] = [*STEP, *_preset["overrides"]]
 COMMON = ["run.progress=false"]
