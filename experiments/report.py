@@ -290,7 +290,8 @@ def _stale_members(p: float, n: int) -> int:
 def _settings(grid: dict[str, list[dict]]) -> list[str]:
     configs = [r["config"] for runs in grid.values() for r in runs]
     keys = ["model.source", "env.data", "env.num_products", "run.updates", "run.eval_every", "es.population",
-            "es.mode", "es.rank", "es.sigma", "es.learning_rate", "es.scale", "es.shaping", "es.optimizer",
+            "es.mode", "es.rank", "es.scope", "es.include", "es.sigma", "es.learning_rate", "es.scale", "es.shaping",
+            "es.optimizer",
             "schedule.slots", "env.tasks_per_member", "env.max_steps", "env.eval_goals", "env.eval_split",
             "agent.temperature"]
     lines = []
