@@ -271,7 +271,9 @@ class Trainer:
     # ----------------------------------------------------------------------------------------- checkpoint
     def _needed_versions(self) -> list[int]:
         versions = {e.version for e in self.engine.live.values()}
-        versions |= {v for v in self.coord.live_versions() if v <= self.version}
+        # Versions the coordinator may still use, within the window of kept θ (jobs older than t - K can
+        # never be accepted; at the end of a run the coordinator may still list them as in flight).
+        versions |= {v for v in self.coord.live_versions() if self.version - self.K <= v <= self.version}
         versions |= {ev.version for ev in self.evals.values()}
         return sorted(v for v in versions if v != self.version)
 
@@ -324,7 +326,7 @@ class Trainer:
             version = int(data["version"])
             self.eval_params[version] = saved[version] if version in saved else self.es_update.params_at(version)
             ev = Evaluation(int(data["eval_id"]), version, self.eval_goals, int(data["started_tick"]),
-                            time.perf_counter(), int(data["next_position"]),
+                            self.wall_offset, int(data["next_position"]),
                             {int(k): float(v) for k, v in data["rewards"].items()},
                             [int(p) for p in data.get("retry", [])], int(data.get("failures", 0)))
             self.evals[ev.eval_id] = ev
@@ -344,7 +346,7 @@ class Trainer:
             return
         self.evaluated_versions.add(version)
         self.eval_params[version] = self.params_at(version)
-        ev = Evaluation(self.next_eval_id, version, self.eval_goals, self.tick_count, time.perf_counter())
+        ev = Evaluation(self.next_eval_id, version, self.eval_goals, self.tick_count, self.wall_time())
         self.evals[ev.eval_id] = ev
         self.next_eval_id += 1
 
