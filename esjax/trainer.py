@@ -274,6 +274,9 @@ class Trainer:
         # Versions the coordinator may still use, within the window of kept θ (jobs older than t - K can
         # never be accepted; at the end of a run the coordinator may still list them as in flight).
         versions |= {v for v in self.coord.live_versions() if self.version - self.K <= v <= self.version}
+        # θ older than t - K is no longer kept and nothing dispatched there can still be accepted (at the end of a
+        # run the coordinator still lists such jobs as in flight); evaluations keep their own copy of θ.
+        versions = {v for v in versions if v >= self.version - self.K}
         versions |= {ev.version for ev in self.evals.values()}
         return sorted(v for v in versions if v != self.version)
 
