@@ -271,9 +271,7 @@ class Trainer:
     # ----------------------------------------------------------------------------------------- checkpoint
     def _needed_versions(self) -> list[int]:
         versions = {e.version for e in self.engine.live.values()}
-        # Versions the coordinator may still use, within the window of kept θ (jobs older than t - K can
-        # never be accepted; at the end of a run the coordinator may still list them as in flight).
-        versions |= {v for v in self.coord.live_versions() if self.version - self.K <= v <= self.version}
+        versions |= {v for v in self.coord.live_versions() if v <= self.version}
         # θ older than t - K is no longer kept and nothing dispatched there can still be accepted (at the end of a
         # run the coordinator still lists such jobs as in flight); evaluations keep their own copy of θ.
         versions = {v for v in versions if v >= self.version - self.K}
