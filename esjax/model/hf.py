@@ -291,6 +291,7 @@ def render_chat(template: str, messages: Sequence[Mapping[str, Any]], add_genera
     import datetime
 
     import jinja2
+    import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
