@@ -17,10 +17,10 @@ skips it.
 from __future__ import annotations
 
 import argparse
-import platform
-import subprocess
 import time
 from pathlib import Path
+
+from _machine import cpu_model  # benchmarks/ is on sys.path when run as a script
 
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig
 from esjax.loop.schedules import Async, Controlled, Sync
@@ -31,17 +31,6 @@ SCHEDULES = [  # (label, schedule, K)
     ("async K=4", Async(), 4),
     ("controlled k=4 p=0.1", Controlled(4, 0.1), 4),
 ]
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return platform.processor() or "unknown"
 
 
 def run_one(schedule, k: int, n: int, workers: int, durations: Durations, updates: int, seed: int):

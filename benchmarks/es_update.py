@@ -32,17 +32,7 @@ import subprocess
 import sys
 import time
 
-
-def _lscpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or "unknown"
-    for line in out.splitlines():
-        if line.startswith("Model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
-
+from _machine import cpu_model  # benchmarks/ is on sys.path when run as a script
 
 # ---------------------------------------------------------------------------------------------------------
 # Measurements (run inside a subprocess)
@@ -226,7 +216,7 @@ def main() -> None:
 
     print(f"# ES update benchmark: D = {args.dims:,}, N = {args.population}, time = median of {args.repeats} "
           "round-robin repeats in one process; memory = fresh process per row")
-    print(f"# machine: {_lscpu_model()}, {os.cpu_count()} cores; jax {jax.__version__}, python "
+    print(f"# machine: {cpu_model()}, {os.cpu_count()} cores; jax {jax.__version__}, python "
           f"{platform.python_version()}; baseline process RSS {mib(base_rss):.0f} MiB")
     print(f"{'measurement':<36}{'time (s)':>10}{'extra peak RSS (MiB)':>22}{'XLA temp+out (MiB)':>20}")
     labels = {

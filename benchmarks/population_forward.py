@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
-import subprocess
 import time
 
 import jax
 import numpy as np
+from _machine import cpu_model  # benchmarks/ is on sys.path when run as a script
 
 from esjax.agent.scoring import score_candidates
 from esjax.es.noise import NoiseSpec
@@ -29,17 +28,6 @@ from esjax.model.config import ModelConfig
 from esjax.model.decoder import forward_jit
 from esjax.model.params import init_params, param_count
 from esjax.model.perturb import Perturbation
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return platform.processor() or "unknown"
 
 
 def _time(fn, cpu: list[float] | None = None) -> float:
@@ -84,7 +72,7 @@ def main() -> None:
 
     modes = {"plain": None, "lowrank r=1": pert("lowrank", 1), "lowrank r=4": pert("lowrank", 4),
              "full": pert("full")}
-    print(f"machine: {cpu_name()}, {os.cpu_count()} cores; jax {jax.__version__} on {jax.devices()[0].platform}")
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores; jax {jax.__version__} on {jax.devices()[0].platform}")
     print(f"model: {param_count(params) / 1e6:.1f}M params (hidden {args.hidden}, {args.layers} layers, "
           f"vocab {args.vocab}, tied), float32")
     print(f"batch: {args.members} members x {args.episodes} episodes = {rows} rows x {args.seq} tokens")

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _machine import cpu_model  # benchmarks/ is on sys.path when run as a script
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -151,17 +153,6 @@ def faithfulness(shop) -> dict:
     }
 
 
-def _cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return platform.processor() or "unknown"
-
-
 def _small_dir() -> Path | None:
     env = os.environ.get("ESJAX_WEBSHOP_SMALL")
     for candidate in ([Path(env)] if env else []) + [REPO.parent / "shared" / "webshop_small"]:
@@ -198,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         env["ESJAX_WEBSHOP_SMALL"] = str(small)
         results.append(_run("real", 1000, args.episodes, env))
     base = results[0]
-    print(f"machine: {_cpu_model()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
     print(f"{'catalog':>16} {'goals':>9} {'load s':>8} {'RSS MiB':>8} {'steps/s':>9} {'x 1k':>6} "
           f"{'search ms':>10} {'x 1k':>6}")
     for r in results:
@@ -221,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"score {f['random_score']:.1f} / success {100 * f['random_success']:.1f}% "
                   f"({f['random_steps']:.1f} steps)")
     if args.json:
-        args.json.write_text(json.dumps({"machine": _cpu_model(), "results": results}, indent=2))
+        args.json.write_text(json.dumps({"machine": cpu_model(), "results": results}, indent=2))
     return 0
 
 
