@@ -20,11 +20,10 @@ import argparse
 import time
 from pathlib import Path
 
-from _machine import cpu_model  # benchmarks/ is on sys.path when run as a script
-
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig
 from esjax.loop.schedules import Async, Controlled, Sync
 from esjax.loop.simulate import Durations, Empirical, LogNormal, Pareto, simulate
+from esjax.machine import cpu_model
 
 SCHEDULES = [  # (label, schedule, K)
     ("async K=1", Async(), 1),

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from _machine import cpu_model  # benchmarks/ is on sys.path when run as a script
+from esjax.machine import cpu_model
 
 # ---------------------------------------------------------------------------------------------------------
 # Measurements (run inside a subprocess)

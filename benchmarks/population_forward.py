@@ -20,10 +20,10 @@ import time
 
 import jax
 import numpy as np
-from _machine import cpu_model  # benchmarks/ is on sys.path when run as a script
 
 from esjax.agent.scoring import score_candidates
 from esjax.es.noise import NoiseSpec
+from esjax.machine import cpu_model
 from esjax.model.config import ModelConfig
 from esjax.model.decoder import forward_jit
 from esjax.model.params import init_params, param_count

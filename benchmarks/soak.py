@@ -29,9 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _machine import cpu_model  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
-
 from envs.webshop_bridge import EnvPool, OraclePolicy, synthetic_shop  # noqa: E402
+from esjax.machine import cpu_model
 
 
 def rss_bytes() -> int:

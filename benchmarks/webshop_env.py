@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _machine import cpu_model  # benchmarks/ is on sys.path when run as a script
+from esjax.machine import cpu_model
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
