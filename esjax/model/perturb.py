@@ -23,8 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from esjax.es.noise import NoiseSpec, lowrank_product, path_str
-from esjax.model.noise_batch import draw_normals
+from esjax.es.noise import NoiseSpec, batched_pair_noise, lowrank_product, path_str
 from esjax.model.params import is_matrix_path
 
 
@@ -113,16 +112,11 @@ class Prepared:
     group_params: Any = None   # full: params with a leading [G] axis
 
 
-def _factor_shapes(shape: tuple[int, ...], rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    *lead, m, n = shape
-    return (*lead, m, rank), (*lead, n, rank)
-
-
 def prepare(perturbation: Perturbation | Prepared | None, params: Any) -> Prepared | None:
     """Generate the noise a forward needs (traceable; cheap for low-rank, ``G × params`` for full).
 
     Equals drawing each leaf with ``esjax.es.noise`` (``lowrank_factors`` / ``member_noise`` /
-    ``perturbed_params``), but in a few batched threefry calls (``esjax.model.noise_batch``).
+    ``perturbed_params``), but in a few batched threefry calls (``esjax.es.noise.batched_pair_noise``).
     """
     if perturbation is None or isinstance(perturbation, Prepared):
         return perturbation
@@ -135,17 +129,8 @@ def prepare(perturbation: Perturbation | Prepared | None, params: Any) -> Prepar
 
     flat, treedef = jax.tree_util.tree_flatten_with_path(params)
     leaves = [(path_str(kp), leaf) for kp, leaf in flat]
-    requests: list[tuple[str, tuple[int, ...], str]] = []
-    for path, leaf in leaves:
-        if not spec.scope.contains(path, leaf):
-            continue
-        shape = tuple(leaf.shape)
-        if spec.is_lowrank_leaf(shape):
-            a_shape, b_shape = _factor_shapes(shape, spec.rank)
-            requests += [(path, a_shape, "a"), (path, b_shape, "b")]
-        else:
-            requests.append((path, shape, "full"))
-    draws = dict(zip([(p, part) for p, _, part in requests], draw_normals(spec, requests, versions, pairs)))
+    in_scope = [(path, tuple(leaf.shape)) for path, leaf in leaves if spec.scope.contains(path, leaf)]
+    draws = dict(zip([path for path, _ in in_scope], batched_pair_noise(spec, in_scope, versions, pairs)))
 
     def per_group(x: jax.Array, v: jax.Array) -> jax.Array:
         return x * v.reshape((-1,) + (1,) * (x.ndim - 1))
@@ -156,14 +141,14 @@ def prepare(perturbation: Perturbation | Prepared | None, params: Any) -> Prepar
             out.append(None)
             continue
         if spec.is_lowrank_leaf(leaf.shape):
-            a, b = draws[(path, "a")], draws[(path, "b")]
+            a, b = draws[path]
             if spec.mode == "lowrank" and is_matrix_path(path):
                 signed = per_group(a, signs * active.astype(jnp.float32))
                 out.append(LowRank(signed, b))
                 continue
             eps = lowrank_product(a, b)
         else:
-            eps = draws[(path, "full")]
+            eps = draws[path]
         delta = per_group(eps, scale)  # [G, *shape] = sigma * s_i * eps_i
         if spec.mode == "full":
             out.append((leaf[None].astype(jnp.float32) + delta).astype(leaf.dtype))
