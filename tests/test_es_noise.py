@@ -252,7 +252,13 @@ def test_noise_bit_identical_with_8_sharded_devices(tmp_path):
                                            for m, spec in specs_by_mode.items()}))(versions, indices)
     for m in specs_by_mode:
         for k in shapes:
-            assert np.array_equal(np.asarray(local[m][k]), np.asarray(out[m][k], np.float32)), (m, k)
+            here, there = np.asarray(local[m][k]), np.asarray(out[m][k], np.float32)
+            if m == "lowrank" and len(shapes[k]) >= 2:
+                # The draws are bit-identical (the full-mode rows); the low-rank product A·Bᵀ/√r is a matmul,
+                # whose FMA contraction may differ by an ulp between a sharded and an unsharded program.
+                np.testing.assert_allclose(there, here, rtol=0, atol=2e-6, err_msg=f"{m} {k}")
+            else:
+                assert np.array_equal(here, there), (m, k)
     g = jax.jit(es_gradient, static_argnums=0)(ESConfig(noise=specs_by_mode["full"]), params, versions, indices,
                                                weights)
     for k in shapes:
