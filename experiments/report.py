@@ -319,7 +319,7 @@ def _provenance(grid: dict[str, list[dict]]) -> list[str]:
             commit = "unknown"
         lines.append(f"- Policy: the embedded default (`esjax/assets/default_policy/model.safetensors`, sha256 "
                      f"`{digest}…`, last commit {commit}), the same initial weights for every run.")
-    seconds, presets = [], set()
+    seconds, presets, machines, shards = [], set(), set(), set()
     for runs in grid.values():
         for r in runs:
             meta = r["dir"] / "grid.json"
@@ -327,11 +327,14 @@ def _provenance(grid: dict[str, list[dict]]) -> list[str]:
                 info = json.loads(meta.read_text())
                 seconds.append(float(info.get("seconds", 0.0)))
                 presets.add(info.get("preset", "?"))
+                machines.add(info.get("machine", "").split(", load average")[0] or "not recorded")
+                shards.add(info.get("shard", "?").split("/")[-1])
     total = sum(len(v) for v in grid.values())
     median = float(np.median(seconds)) if seconds else 0.0
     lines.append(f"- {total} finished runs in {len(grid)} cells; grid preset(s): {', '.join(sorted(presets)) or '?'}; "
                  f"run time {sum(seconds) / 60:.1f} min summed over runs (median {median:.0f} s per run, including "
-                 "evaluation; processes shared a loaded 2-core CPU).")
+                 f"evaluation) in {' or '.join(sorted(shards))} parallel shard process(es) on "
+                 f"{'; '.join(sorted(machines))}.")
     return lines
 
 
@@ -489,6 +492,11 @@ def write_report(grid: dict[str, list[dict]], out: Path, data: str, runs_root: P
               f"{PUBLISHED['delay4']}, delay-8 {PUBLISHED['delay8']}; Qwen2.5-7B-Instruct, N = 30, 120 updates. "
               "Our runs use a 0.16M-parameter policy and a far smaller budget, so only the direction and rough "
               "size of the effects are comparable, not the absolute scores.", ""]
+    if data == "synthetic" and not (runs_root / "webshop_small").is_dir():
+        lines += ["Real WebShop data (`--data webshop_small`, ../shared/webshop_small) was not gridded: the embedded "
+                  "policy, pretrained on synthetic titles only, scores 0.0 on real goals (random clicking 7.9; "
+                  "[default_policy.md](default_policy.md)), so every schedule would compare zeros. The grid runs "
+                  "there unchanged once a policy that buys on real pages exists.", ""]
     if figures:
         lines += ["## Figures", ""] + [f"![{p.stem}]({p.name})" for p in figures] + [""]
     path = out / f"{stem}.md"

@@ -61,3 +61,14 @@ def test_grid_report_and_wallclock(tmp_path, capsys):
         assert re.search(rf"\| 8 \| {g} \| async K=1 \| \d+ \| \d+ \| \d\.\d\d \| \d\.\d\d \| \d+\.\d\d×", wall), g
     assert "Real loop" in wall and "| sync | 1 |" in wall
     assert (results / "wallclock.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_jobs_runs_every_shard_once(tmp_path, capfd):
+    """``--jobs 2`` starts the two shard processes itself; together they list every run exactly once."""
+    args = ["--quick", "--out", str(tmp_path), "--cells", "sync,async-*", "--seeds", "2", "--list"]
+    assert staleness_grid.main([*args, "--jobs", "2"]) == 0
+    listed = sorted(line.split(None, 1)[1] for line in capfd.readouterr().out.splitlines() if line.startswith("todo"))
+    expected = sorted(f"{c}  seed{s}" for c in ("sync", "async-K1", "async-K2") for s in (0, 1))
+    assert listed == expected
+    with pytest.raises(SystemExit):
+        staleness_grid.main([*args, "--jobs", "2", "--shard", "0/2"])
