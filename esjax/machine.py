@@ -18,10 +18,10 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def describe() -> str:
-    """One line: CPU model, core count, Python and load average (what a timing needs to be read)."""
+def machine_info() -> dict:
+    """CPU model, core count, Python version and load average, as JSON-ready fields a timing is read with."""
     try:
-        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
-        load = "n/a"
-    return f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}, load average {load}"
+        load = None
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(), "loadavg": load}

@@ -327,7 +327,8 @@ def _provenance(grid: dict[str, list[dict]]) -> list[str]:
                 info = json.loads(meta.read_text())
                 seconds.append(float(info.get("seconds", 0.0)))
                 presets.add(info.get("preset", "?"))
-                machines.add(info.get("machine", "").split(", load average")[0] or "not recorded")
+                machine = info.get("machine") or {}
+                machines.add(f"{machine['cpu']} ({machine['cores']} cores)" if machine else "a machine not recorded")
                 shards.add(info.get("shard", "?").split("/")[-1])
     total = sum(len(v) for v in grid.values())
     median = float(np.median(seconds)) if seconds else 0.0

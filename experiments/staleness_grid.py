@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python experiments/staleness_grid.py` from anywhere
     sys.path.insert(0, str(REPO))
 
-from esjax.machine import describe  # noqa: E402
+from esjax.machine import machine_info  # noqa: E402
 
 DEFAULT_OUT = REPO / "experiments" / "runs"
 LAGS = (1, 2, 4, 8)
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{n}/{len(todo)}] {cell.name} seed{seed}: FAILED {err!r} (see {run_dir}/failed.json)", flush=True)
             continue
         status["preset"] = "quick" if args.quick else "full"
-        status["machine"], status["shard"] = describe(), args.shard
+        status["machine"], status["shard"] = machine_info(), args.shard
         (run_dir / "grid.json").write_text(json.dumps({**status, "overrides": overrides}, indent=2))
         elapsed = time.perf_counter() - started
         score = "n/a" if status["score"] is None else f"{status['score']:.1f}"
