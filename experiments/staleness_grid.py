@@ -14,7 +14,7 @@ summary.md, plots/). A run is finished when its directory has ``summary.md``; fi
 interrupted one resumes from its last checkpoint. All runs of one process share its jit caches (identical
 shapes compile once), and ``--shard i/n`` splits the runs across processes::
 
-    python experiments/staleness_grid.py                    # the whole grid, full budget (~1 h on 2 cores)
+    python experiments/staleness_grid.py                    # the whole grid, full budget (~3.5 h on 2 cores)
     python experiments/staleness_grid.py --quick            # small budget, 3 seeds (~15 min on 2 cores)
     python experiments/staleness_grid.py --quick --jobs 2   # as two shard processes, one per core
     python experiments/staleness_grid.py --quick --shard 0/2 & python experiments/staleness_grid.py --quick --shard 1/2
