@@ -126,7 +126,8 @@ class ScheduleSection(_Section):
 class EnvSection(_Section):
     """Where episodes come from."""
 
-    data: str = Field("synthetic", description="'synthetic' or a folder with WebShop data files")
+    data: str = Field("synthetic", description="'synthetic', 'webshop_small' (the packaged real 1,000-product set) "
+                                               "or a folder with WebShop data files")
     num_products: int = Field(300, ge=10, description="synthetic catalog size")
     catalog_seed: int = 0
     tasks_per_member: int = Field(4, ge=1, description="goals in each version's task batch")
@@ -141,9 +142,11 @@ class EnvSection(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> EnvSection:
-        if self.data != "synthetic" and _path_problem(self.data, "any") is not None:
+        from envs.webshop_bridge.shop import PACKAGED_DATA
+
+        if self.data not in ("synthetic", *PACKAGED_DATA) and _path_problem(self.data, "any") is not None:
             raise ValueError(f"env.data: {self.data[:200]!r} {_path_problem(self.data, 'any')} "
-                             "(expected 'synthetic' or a data folder)")
+                             f"(expected 'synthetic', {', '.join(map(repr, PACKAGED_DATA))} or a data folder)")
         return self
 
 

@@ -60,13 +60,14 @@ class RunAborted(UserError):
 
 def build_shop(config: Config):
     """The environment's shop: a synthetic catalog or WebShop data from a folder."""
-    from envs.webshop_bridge import DataError, load_webshop, synthetic_shop
+    from envs.webshop_bridge import PACKAGED_DATA, DataError, load_webshop, synthetic_shop
 
     env = config.env
     try:
         if env.data == "synthetic":
             return synthetic_shop(env.num_products, seed=env.catalog_seed)
-        return load_webshop(Path(env.data).expanduser(), seed=env.catalog_seed)
+        return load_webshop(env.data if env.data in PACKAGED_DATA else Path(env.data).expanduser(),
+                            seed=env.catalog_seed)
     except DataError as err:
         raise ConfigError(f"env.data: {err}") from None
 

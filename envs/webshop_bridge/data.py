@@ -10,8 +10,10 @@ that are ``nan``, longer than 10 characters or repeated are skipped). Every prob
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,17 +65,25 @@ class Product:
 
 # ---------------------------------------------------------------------------------------------- helpers
 
+def open_data(path: str | os.PathLike, mode: str = "rb"):
+    """Open a data file; names ending in ``.gz`` are read through gzip (the packaged data is compressed)."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        return gzip.open(path, mode if "b" in mode else "rt", encoding=None if "b" in mode else "utf-8")
+    return path.open(mode, encoding=None if "b" in mode else "utf-8")
+
+
 def read_json(path: str | os.PathLike) -> Any:
     """Load a JSON file, turning a missing file or a syntax error into a DataError naming the file."""
     path = Path(path)
     try:
-        with path.open("rb") as f:
+        with open_data(path) as f:
             return json.load(f)
     except FileNotFoundError:
         raise DataError(str(path), "file not found") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(str(path), f"not valid JSON ({e})") from None
-    except OSError as e:
+    except (OSError, EOFError, zlib.error) as e:  # a corrupt .gz: BadGzipFile (OSError), EOFError, zlib.error
         raise DataError(str(path), f"cannot read ({e})") from None
 
 
@@ -271,6 +281,8 @@ def _numbered_lines(f, file: str):
             yield lineno, line
     except UnicodeDecodeError as e:
         raise DataError(file, f"not UTF-8 text ({e})", record=f"line {lineno + 1}") from None
+    except (OSError, EOFError, zlib.error) as e:  # a corrupt or truncated .gz
+        raise DataError(file, f"cannot read ({e})", record=f"line {lineno + 1}") from None
 
 
 def load_processed_jsonl(path: str | os.PathLike, attributes: Mapping[str, Mapping] | None = None,
@@ -284,7 +296,7 @@ def load_processed_jsonl(path: str | os.PathLike, attributes: Mapping[str, Mappi
     texts: list[str] = []
     seen: set[str] = set()
     try:
-        f = open(path, encoding="utf-8")  # noqa: SIM115 - closed by the with below; open errors named here
+        f = open_data(path, "r")  # closed by the with below; open errors are named here
     except FileNotFoundError:
         raise DataError(file, "file not found") from None
     except OSError as e:

@@ -57,6 +57,19 @@ class Shop:
         return self.engine.search(query, k)
 
 
+#: Data sets shipped inside the package, by name: ``load_webshop("webshop_small")`` needs no download.
+#: ``webshop_small`` is WebShop's 1,000-product set (MIT; see ``assets/webshop_small/README.md``).
+PACKAGED_DATA: dict[str, Path] = {"webshop_small": Path(__file__).resolve().parent / "assets" / "webshop_small"}
+
+
+def resolve_data(path: str | os.PathLike) -> Path:
+    """A packaged data set's folder for its name (``'webshop_small'``), else ``path`` itself.
+
+    The bare name always means the packaged set; a local folder of that name is ``./webshop_small``.
+    """
+    return PACKAGED_DATA.get(str(path), Path(path))
+
+
 def _pick(directory: Path, patterns: Sequence[str], what: str, required: bool) -> Path | None:
     for pattern in patterns:
         found = sorted(directory.glob(pattern))
@@ -74,7 +87,7 @@ def load_webshop(path: str | os.PathLike, *, attributes_file: str | os.PathLike 
                  human_file: str | os.PathLike | None = None, num_products: int | None = None, seed: int = 0,
                  goals: str = "synthetic", splits: Mapping[str, int] | Sequence[tuple[str, int]] = DEFAULT_SPLITS,
                  cache_dir: str | os.PathLike | None | bool = None) -> Shop:
-    """Load WebShop data from a directory or a products file.
+    """Load WebShop data from a directory, a products file or a packaged set's name (``'webshop_small'``).
 
     A directory is searched for ``products*.jsonl`` (processed) or ``items_shuffle*.json`` (raw),
     ``items_ins_v2*.json`` and ``items_human_ins.json``. ``goals`` picks the goal set ('synthetic' or
@@ -82,18 +95,19 @@ def load_webshop(path: str | os.PathLike, *, attributes_file: str | os.PathLike 
     ``seed`` fixes prices and price ceilings; ``splits`` are sizes of consecutive goal ranges, the rest
     is ``train``.
     """
-    path = Path(path)
+    path = resolve_data(path)
     if not path.exists():
         raise DataError(str(path), "file or directory not found")
     directory = path if path.is_dir() else path.parent
-    products_file = _pick(path, ("products*.jsonl", "items_shuffle*.json"), "products", True) \
-        if path.is_dir() else path
+    products_file = _pick(path, ("products*.jsonl", "products*.jsonl.gz", "items_shuffle*.json",
+                                 "items_shuffle*.json.gz"), "products", True) if path.is_dir() else path
     if attributes_file is None:
-        attributes_file = _pick(directory, ("items_ins_v2*.json",), "attribute", False)
+        attributes_file = _pick(directory, ("items_ins_v2*.json", "items_ins_v2*.json.gz"), "attribute", False)
     if human_file is None:
-        human_file = _pick(directory, ("items_human_ins*.json",), "human instruction", False)
+        human_file = _pick(directory, ("items_human_ins*.json", "items_human_ins*.json.gz"), "human instruction",
+                           False)
     attributes = load_attribute_file(attributes_file) if attributes_file is not None else None
-    if products_file.suffix == ".jsonl":
+    if products_file.name.endswith((".jsonl", ".jsonl.gz")):
         products, texts = load_processed_jsonl(products_file, attributes, num_products)
     else:
         products = load_raw_products(products_file, attributes, num_products)
