@@ -10,12 +10,21 @@ from esjax.model.perturb import Perturbation
 
 
 def check_ids(seqs: Sequence[Sequence[int]], vocab_size: int, what: str, allow_empty: bool = False) -> None:
-    for i, seq in enumerate(seqs):
-        if not allow_empty and len(seq) == 0:
-            raise ValueError(f"{what}[{i}] is empty")
-        for t in seq:
-            if not 0 <= int(t) < vocab_size:
-                raise ValueError(f"{what}[{i}] has token id {t} outside the vocabulary [0, {vocab_size})")
+    """Every id in ``[0, vocab_size)`` (and no empty sequence unless allowed); names the first bad entry.
+
+    Vectorized: one numpy pass over all ids (this runs on every policy call of the rollout loop).
+    """
+    lengths = np.fromiter((len(seq) for seq in seqs), np.int64, len(seqs))
+    if not allow_empty and (lengths == 0).any():
+        raise ValueError(f"{what}[{int(np.argmax(lengths == 0))}] is empty")
+    if not lengths.sum():
+        return
+    ids = np.fromiter((t for seq in seqs for t in seq), np.int64, int(lengths.sum()))
+    bad = (ids < 0) | (ids >= vocab_size)
+    if bad.any():
+        pos = int(np.argmax(bad))
+        row = int(np.searchsorted(np.cumsum(lengths), pos, side="right"))
+        raise ValueError(f"{what}[{row}] has token id {ids[pos]} outside the vocabulary [0, {vocab_size})")
 
 
 def left_pad(seqs: Sequence[Sequence[int]], rows: int, length: int, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:

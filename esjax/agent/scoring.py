@@ -8,9 +8,10 @@ go through the output head in time chunks so ``rows × K × length × vocab`` lo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -87,34 +88,79 @@ def _score_full_sequence(config: ModelConfig, params, prepared: Prepared | None,
     return jnp.where(mask[:, plen:], logp, 0.0).sum(axis=1).reshape(rows, K)
 
 
-def score_candidates(config: ModelConfig, params: Any, prompt_ids: Sequence[Sequence[int]],
-                     candidate_ids: Sequence[Sequence[Sequence[int]]], perturbation: Perturbation | None = None, *,
-                     buckets: Buckets = DEFAULT_BUCKETS, prefix_cache: bool = True) -> np.ndarray:
-    """Sum of log-probs of each candidate given its row's prompt: ``float32 [rows, max K]``.
+ScoreNorm = Literal["sum", "mean"]
 
-    Args:
-      prompt_ids: one non-empty token list per row.
-      candidate_ids: per row, a list of candidate token lists (rows may have different counts; missing
-        entries score ``-inf``; an empty candidate scores 0).
-      perturbation: per-row members (``rows`` rows), or None for the plain model.
-      buckets: padding policy for rows, prompt / candidate lengths and candidate counts.
-      prefix_cache: False runs every prompt+candidate as a full sequence (the reference / baseline).
+
+def normalize_scores(summed: Any, lengths: Any, norm: ScoreNorm) -> Any:
+    """Summed candidate log-likelihoods → the policy's scores: ``'sum'`` as is, ``'mean'`` per token.
+
+    Summing favours short candidates by construction (every token costs log-probability), so a two-token
+    ``next page`` outscores any long product title; the per-token mean compares candidates of different
+    lengths on one scale. Works on numpy and jax arrays (the pretraining loss uses the same function).
+    """
+    if norm == "sum":
+        return summed
+    if norm == "mean":
+        return summed / np.maximum(lengths, 1) if isinstance(summed, np.ndarray) else \
+            summed / jnp.maximum(lengths, 1)
+    raise ValueError(f"score norm must be 'sum' or 'mean', got {norm!r}")
+
+
+@dataclasses.dataclass
+class PendingScores:
+    """Scores of a dispatched policy call; :meth:`result` waits for the device and finishes them on the host.
+
+    JAX dispatches asynchronously, so a caller can pad and dispatch its next call while this one computes.
+    """
+
+    out: Any
+    rows: int
+    candidate_lengths: list[list[int]]
+    norm: ScoreNorm
+    shape: dict[str, int]
+
+    def result(self) -> np.ndarray:
+        k_max = max([len(c) for c in self.candidate_lengths] + [1])
+        if self.out is None:
+            return np.zeros((0, 0), np.float32)
+        scores = np.array(jax.device_get(self.out), np.float32)[: self.rows, :k_max]
+        lengths = np.ones((self.rows, k_max), np.float32)
+        for r, lens in enumerate(self.candidate_lengths):
+            lengths[r, : len(lens)] = lens
+        scores = normalize_scores(scores, lengths, self.norm)
+        for r, lens in enumerate(self.candidate_lengths):
+            scores[r, len(lens):] = -np.inf
+        return scores
+
+
+def dispatch_scores(config: ModelConfig, params: Any, prompt_ids: Sequence[Sequence[int]],
+                    candidate_ids: Sequence[Sequence[Sequence[int]]], perturbation: Perturbation | None = None, *,
+                    buckets: Buckets = DEFAULT_BUCKETS, prefix_cache: bool = True,
+                    norm: ScoreNorm = "sum") -> PendingScores:
+    """:func:`score_candidates` without waiting: pads, dispatches the program and returns its pending scores.
+
+    ``PendingScores.shape`` holds the padded call shape (``rows``, ``prompt_len``, ``candidates``,
+    ``candidate_len``) and ``padded_tokens`` (tokens the program computes), for throughput accounting.
     """
     rows = len(prompt_ids)
     if len(candidate_ids) != rows:
         raise ValueError(f"score_candidates: {rows} prompts but {len(candidate_ids)} candidate lists")
+    if norm not in ("sum", "mean"):
+        raise ValueError(f"score norm must be 'sum' or 'mean', got {norm!r}")
+    cand_lengths = [[len(c) for c in cands] for cands in candidate_ids]
     if rows == 0:
-        return np.zeros((0, 0), np.float32)
+        return PendingScores(None, 0, [], norm, {})
     check_ids(prompt_ids, config.vocab_size, "prompt_ids")
     for r, cands in enumerate(candidate_ids):
         check_ids(cands, config.vocab_size, f"candidate_ids[{r}]", allow_empty=True)
-    counts = [len(c) for c in candidate_ids]
-    k_max = max(max(counts), 1)
+    k_max = max(max(len(c) for c in cand_lengths), 1)
     group = 1 if perturbation is None else perturbation.group_size
     rows_b = buckets.row(rows, multiple=group)
     k_b = buckets.candidate(k_max)
     plen = buckets.length(max(len(p) for p in prompt_ids))
-    clen = buckets.length(max([len(c) for cands in candidate_ids for c in cands] + [1]))
+    clen = buckets.length(max([n for lens in cand_lengths for n in lens] + [1]))
+    shape = {"rows": rows_b, "prompt_len": plen, "candidates": k_b, "candidate_len": clen,
+             "padded_tokens": rows_b * (plen + k_b * clen)}
 
     p_tok, p_mask = left_pad(prompt_ids, rows_b, plen)
     flat = [list(c) for cands in candidate_ids for c in list(cands) + [[]] * (k_b - len(cands))]
@@ -126,7 +172,23 @@ def score_candidates(config: ModelConfig, params: Any, prompt_ids: Sequence[Sequ
     fn = _score_prefix_cached if prefix_cache else _score_full_sequence
     prepared = None if pert is None else prepare_jit(pert, params)
     out = fn(config, params, prepared, *(put_batch(a) for a in (p_tok, p_mask, c_tok, c_mask)))
-    scores = np.array(jax.device_get(out), np.float32)[:rows, :k_max]
-    for r, n in enumerate(counts):
-        scores[r, n:] = -np.inf
-    return scores
+    return PendingScores(out, rows, cand_lengths, norm, shape)
+
+
+def score_candidates(config: ModelConfig, params: Any, prompt_ids: Sequence[Sequence[int]],
+                     candidate_ids: Sequence[Sequence[Sequence[int]]], perturbation: Perturbation | None = None, *,
+                     buckets: Buckets = DEFAULT_BUCKETS, prefix_cache: bool = True,
+                     norm: ScoreNorm = "sum") -> np.ndarray:
+    """Log-likelihood of each candidate given its row's prompt, summed or per token: ``float32 [rows, max K]``.
+
+    Args:
+      prompt_ids: one non-empty token list per row.
+      candidate_ids: per row, a list of candidate token lists (rows may have different counts; missing
+        entries score ``-inf``; an empty candidate scores 0).
+      perturbation: per-row members (``rows`` rows), or None for the plain model.
+      buckets: padding policy for rows, prompt / candidate lengths and candidate counts.
+      prefix_cache: False runs every prompt+candidate as a full sequence (the reference / baseline).
+      norm: ``'sum'`` of the candidate's token log-probs, or their ``'mean'`` (see :func:`normalize_scores`).
+    """
+    return dispatch_scores(config, params, prompt_ids, candidate_ids, perturbation, buckets=buckets,
+                           prefix_cache=prefix_cache, norm=norm).result()

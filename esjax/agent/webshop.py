@@ -1,9 +1,14 @@
 """The WebShop agent: turns an observation into a prompt and a list of candidate actions to score.
 
 The policy picks actions by *scoring candidates*: every valid action gets a short natural-language
-description (``open <title> <price>``, ``choose navy``, ``buy now``...) and the model's log-likelihood of
+description (``open #2 $12.99 <title>``, ``choose navy``, ``buy now``...) and the model's log-likelihood of
 that description given the prompt ranks them. Descriptions carry the information an action's bare
-string lacks (an ASIN says nothing; its title does), so a small model can learn to match goal and product.
+string lacks (an ASIN says nothing; its title, rank and price do), so a small model can learn to match goal
+and product. A product candidate starts with the result's rank and price so that cutting a long real title
+to ``max_candidate_tokens`` keeps what matters: rank, price and the title's head (brand and product type).
+
+Scores are normalised per token by default (``score_norm='mean'``): with summed log-likelihoods a
+two-token ``next page`` beats every 20-token product title by tens of nats, whatever the model knows.
 
 Two prompt styles share the same candidates:
 
@@ -109,8 +114,9 @@ def candidates_for(observation: str, available: dict, memory: EpisodeMemory) -> 
     if kind == "search":
         return [Candidate(f"search {memory.instruction}", f"search[{memory.instruction}]")]
     if kind == "results":
-        out = [Candidate(f"open {title} {price}".strip(), f"click[{asin}]")
-               for asin, title, price in parse_results(observation, clickables)]
+        first = 10 * (results_page(observation) - 1) + 1  # rank of the page's first hit (10 per page)
+        out = [Candidate(f"open #{first + i} {price} {title}".replace("  ", " ").strip(), f"click[{asin}]")
+               for i, (asin, title, price) in enumerate(parse_results(observation, clickables))]
         if "next >" in clickables:
             out.append(Candidate("next page", "click[next >]"))
         out.append(Candidate("back to search", "click[back to search]"))
@@ -126,18 +132,29 @@ def candidates_for(observation: str, available: dict, memory: EpisodeMemory) -> 
     return []
 
 
+_PAGE = re.compile(r"Page (\d+) \(Total results: (\d+)\)")
+
+#: Words of an item's title kept in the compact prompt (real titles run to 30+ words; the head names it).
+ITEM_TITLE_WORDS = 12
+
+
+def results_page(observation: str) -> int:
+    """The results page number shown in ``observation`` (1 if none)."""
+    match = _PAGE.search(observation)
+    return int(match.group(1)) if match else 1
+
+
 def compact_prompt(observation: str, available: dict, memory: EpisodeMemory) -> str:
     """One-line state for the small policy."""
     kind = page_kind(available)
     parts = [f"goal: {memory.instruction.lower()}", f"page: {kind}"]
     if kind == "item":
         title, price = parse_item(observation)
+        title = " ".join(title.split()[:ITEM_TITLE_WORDS])
         parts.append(f"item: {title} {price}".strip())
         parts.append(f"chosen: {', '.join(memory.chosen) if memory.chosen else 'none'}")
     elif kind == "results":
-        match = re.search(r"Page (\d+) \(Total results: (\d+)\)", observation)
-        if match:
-            parts.append(f"results page {match.group(1)}")
+        parts.append(f"results page {results_page(observation)}")
     return " | ".join(parts) + " | act:"
 
 
@@ -159,11 +176,12 @@ class WebShopAgent:
       style: ``'compact'`` or ``'chat'``.
       chat_template: callable ``messages -> str`` (required for ``'chat'``), e.g. a rendered HF template.
       max_prompt_tokens: longer prompts keep their head and tail (the goal and the question).
-      max_candidate_tokens: longer candidate descriptions are cut.
+      max_candidate_tokens: longer candidate descriptions are cut (keeping their head).
+      score_norm: how candidate log-likelihoods are compared: ``'mean'`` per token or ``'sum'``.
     """
 
     def __init__(self, tokenizer: Any, style: PromptStyle = "compact", chat_template: Any = None,
-                 max_prompt_tokens: int = 512, max_candidate_tokens: int = 32):
+                 max_prompt_tokens: int = 512, max_candidate_tokens: int = 24, score_norm: str = "mean"):
         if style not in ("compact", "chat"):
             raise ValueError(f"agent style must be 'compact' or 'chat', got {style!r}")
         if style == "chat" and chat_template is None:
@@ -173,6 +191,9 @@ class WebShopAgent:
         self.chat_template = chat_template
         self.max_prompt_tokens = max_prompt_tokens
         self.max_candidate_tokens = max_candidate_tokens
+        if score_norm not in ("mean", "sum"):
+            raise ValueError(f"agent score_norm must be 'mean' or 'sum', got {score_norm!r}")
+        self.score_norm = score_norm
         self._cache: dict[str, list[int]] = {}
 
     def encode(self, text: str) -> list[int]:

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from esjax.agent.buckets import Buckets
-from esjax.agent.scoring import score_candidates
+from esjax.agent.scoring import dispatch_scores
 from esjax.agent.webshop import Candidate, EpisodeMemory, WebShopAgent, page_kind
 from esjax.es.noise import NoiseSpec
 from esjax.loop.tasks import hash_ints
@@ -33,8 +33,19 @@ from esjax.model.perturb import Perturbation
 
 EpisodeKind = Literal["train", "eval"]
 
-#: Rows in powers of two from 8, sequences from 32 tokens, 16 candidates: a run compiles a few programs.
-ROLLOUT_BUCKETS = Buckets(min_rows=8, min_length=32, min_candidates=16)
+#: Padded shapes of the rollout's policy calls. Every distinct shape is a compiled program (seconds of CPU
+#: compile each), and every padded slot is computed: lengths in steps of 8 up to 32 (candidates are cut at
+#: ~24 tokens; the compact prompt is ~30-60) and candidate counts near WebShop's (a results page has 12
+#: candidates, an item page a handful) keep both the padding and the program count small.
+ROLLOUT_BUCKETS = Buckets(rows=(8, 16, 32, 64, 128), lengths=(8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 2048),
+                          candidates=(4, 8, 12, 16, 32, 64, 128, 256))
+
+#: Most rows in one policy call: bigger groups are split, so the largest row bucket bounds a call's memory.
+MAX_CALL_ROWS = 128
+
+#: Rows whose longest candidate has at most this many tokens (item pages: ``choose x``, ``buy now``) are
+#: scored apart from rows with long candidates (product titles), so short rows are not padded to long ones.
+SHORT_CANDIDATE_TOKENS = 8
 
 
 @dataclasses.dataclass
@@ -72,10 +83,24 @@ class Episode:
 
 @dataclasses.dataclass
 class TickStats:
+    """What one tick did and where its time went (host seconds from ``time.perf_counter``)."""
+
     rows: int = 0  # episodes that acted
     model_rows: int = 0  # rows that needed a policy call (more than one candidate)
-    calls: int = 0  # batched policy calls (one per live version with model rows)
+    calls: int = 0  # batched policy calls (per live version and candidate-length class)
     tokens: int = 0  # prompt + candidate tokens scored
+    padded_tokens: int = 0  # tokens the policy programs computed (tokens / padded_tokens = padding efficiency)
+    prepare_s: float = 0.0  # building prompts and candidates, tokenizing
+    model_s: float = 0.0  # policy calls: padding, dispatch, device compute, reading scores back
+    env_s: float = 0.0  # env steps
+    shapes: list[tuple[int, int, int, int]] = dataclasses.field(default_factory=list)  # padded call shapes
+
+    def add(self, other: TickStats) -> None:
+        for f in dataclasses.fields(self):
+            if f.name == "shapes":
+                self.shapes.extend(other.shapes)
+            else:
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
 class RolloutEngine:
@@ -167,35 +192,48 @@ class RolloutEngine:
         rng = np.random.default_rng(hash_ints(episode.sampling_seed, episode.position, episode.steps))
         return int(rng.choice(len(probs), p=probs))
 
+    def _calls(self, waiting: list[Episode], inputs: dict[int, tuple]) -> list[tuple[int, list[Episode]]]:
+        """The tick's policy calls: ``(version, episodes)``, grouped by version and candidate-length class,
+        at most :data:`MAX_CALL_ROWS` rows each, in a fixed order (determinism)."""
+        groups: dict[tuple[int, bool], list[Episode]] = {}
+        for episode in waiting:
+            cand_ids = inputs[episode.row][2]
+            if len(cand_ids) > 1:
+                short = max(len(c) for c in cand_ids) <= SHORT_CANDIDATE_TOKENS
+                groups.setdefault((episode.version, short), []).append(episode)
+        return [(version, group[i:i + MAX_CALL_ROWS]) for (version, _), group in sorted(groups.items())
+                for i in range(0, len(group), MAX_CALL_ROWS)]
+
     def tick(self, params_at: Callable[[int], Any]) -> tuple[list[Episode], TickStats]:
         """Every live episode takes one action; returns the episodes that finished and the tick's stats."""
         stats = TickStats()
         waiting = [self.live[row] for row in sorted(self.live)]
         if not waiting:
             return [], stats
+        t0 = time.perf_counter()
         inputs = {e.row: self.agent.step_inputs(e.observation, e.available, e.memory) for e in waiting}
-        choice: dict[int, int] = {}
-        by_version: dict[int, list[Episode]] = {}
-        for episode in waiting:
-            candidates = inputs[episode.row][1]
-            if len(candidates) <= 1:
-                choice[episode.row] = 0
-            else:
-                by_version.setdefault(episode.version, []).append(episode)
-        for version in sorted(by_version):
-            group = by_version[version]
+        stats.prepare_s += time.perf_counter() - t0
+        choice: dict[int, int] = {e.row: 0 for e in waiting if len(inputs[e.row][1]) <= 1}
+        t0 = time.perf_counter()
+        pending = []  # every call is dispatched before any is read: host padding overlaps device compute
+        for version, group in self._calls(waiting, inputs):
             prompts = [inputs[e.row][0] for e in group]
             cand_ids = [inputs[e.row][2] for e in group]
             perturbation = Perturbation.create(
                 self.noise, self.sigma_at(version), [e.version for e in group], [e.index for e in group],
                 [e.kind == "train" for e in group])
-            scores = score_candidates(self.model_config, params_at(version), prompts, cand_ids, perturbation,
-                                      buckets=self.buckets)
-            for episode, row_scores in zip(group, scores):
-                choice[episode.row] = self._choose(episode, row_scores[: len(inputs[episode.row][1])])
+            call = dispatch_scores(self.model_config, params_at(version), prompts, cand_ids, perturbation,
+                                   buckets=self.buckets, norm=self.agent.score_norm)
+            pending.append((group, call))
             stats.calls += 1
             stats.model_rows += len(group)
             stats.tokens += sum(len(p) for p in prompts) + sum(len(c) for cs in cand_ids for c in cs)
+            stats.padded_tokens += call.shape["padded_tokens"]
+            stats.shapes.append(tuple(call.shape[k] for k in ("rows", "prompt_len", "candidates", "candidate_len")))
+        for group, call in pending:
+            for episode, row_scores in zip(group, call.result()):
+                choice[episode.row] = self._choose(episode, row_scores[: len(inputs[episode.row][1])])
+        stats.model_s += time.perf_counter() - t0
 
         actions: list[str | None] = [None] * len(self.pool)
         for episode in waiting:
@@ -208,7 +246,9 @@ class RolloutEngine:
             episode.trace.append((picked.text, picked.action))
             actions[episode.row] = picked.action
         stats.rows = sum(a is not None for a in actions)
+        t0 = time.perf_counter()
         results, failures = self._step(actions)
+        stats.env_s += time.perf_counter() - t0
         finished = []
         for episode in waiting:
             if episode.row in failures:
