@@ -5,7 +5,7 @@ Typical use::
 
     from envs.webshop_bridge import load_webshop, synthetic_shop, WebShopTextEnv, EnvPool
 
-    shop = load_webshop("webshop_small")        # the packaged real 1,000-product set; or a folder; or synthetic_shop(300)
+    shop = load_webshop("webshop_small")  # the packaged real 1,000-product set, a folder, or synthetic_shop(300)
     env = WebShopTextEnv(shop)
     obs, info = env.reset(shop.split("test")[0])
     obs, reward, done, info = env.step(f"search[{env.instruction}]")
@@ -24,6 +24,7 @@ from .policies import (
     DEFAULT_MAX_STEPS,
     Episode,
     EvalResult,
+    FirstHitPolicy,
     OraclePolicy,
     Policy,
     RandomPolicy,
@@ -41,9 +42,9 @@ from .shop import PACKAGED_DATA, Shop, ShopSpec, get_shop, load_webshop, resolve
 from .synthetic import SyntheticCatalog, SyntheticGoals, synthetic_shop
 
 __all__ = [
-    "COLOR_SET", "Catalog", "PACKAGED_DATA", "DEFAULT_MAX_STEPS", "DataError", "EnvPool", "Episode", "EvalResult", "Goal",
-    "ListCatalog", "OfficialWebShopEnv", "OraclePolicy", "Page", "Policy", "ProcessEnvPool", "Product",
-    "RandomPolicy", "RewardInfo", "SEP", "SearchEngine", "Shop", "ShopSpec", "SyntheticCatalog",
+    "COLOR_SET", "Catalog", "DEFAULT_MAX_STEPS", "DataError", "EnvPool", "Episode", "EvalResult", "FirstHitPolicy",
+    "Goal", "ListCatalog", "PACKAGED_DATA", "OfficialWebShopEnv", "OraclePolicy", "Page", "Policy", "ProcessEnvPool",
+    "Product",    "RandomPolicy", "RewardInfo", "SEP", "SearchEngine", "Shop", "ShopSpec", "SyntheticCatalog",
     "SyntheticGoals", "WebShopTextEnv", "analyze", "compute_reward", "evaluate", "exact_purchase_reward",
     "fuzzy_match", "get_shop", "load_attribute_file", "load_human_instructions", "load_processed_jsonl",
     "load_raw_products", "load_webshop", "make_splits", "normalize_color", "official_available",

@@ -1,4 +1,4 @@
-"""Play WebShop in a terminal: ``python -m envs.webshop_bridge --data PATH|synthetic --goal N``.
+"""Play WebShop in a terminal: ``python -m envs.webshop_bridge --data PATH|webshop_small|synthetic --goal N``.
 
 Prints the observation and the available actions, reads ``search[...]`` / ``click[...]`` lines (``quit``
 leaves), and shows the reward breakdown after Buy Now. Works with piped input too.
@@ -61,7 +61,8 @@ def play(env: WebShopTextEnv, goal: int | None, inp: TextIO, out: TextIO) -> flo
 
 def main(argv: list[str] | None = None, inp: TextIO | None = None, out: TextIO | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m envs.webshop_bridge", description=__doc__)
-    parser.add_argument("--data", required=True, help="a WebShop data directory/file, or 'synthetic'")
+    parser.add_argument("--data", required=True,
+                        help="a WebShop data directory/file, 'webshop_small' (packaged) or 'synthetic'")
     parser.add_argument("--goal", type=int, default=None, help="goal index (default: random)")
     parser.add_argument("--num-products", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0, help="seed for prices and price ceilings")

@@ -108,6 +108,39 @@ class RandomPolicy:
         return f"click[{self.rng.choice(clickables)}]" if clickables else None
 
 
+class FirstHitPolicy:
+    """The rule baselines: search the instruction, open the first hit, then (``options=True``) click every
+    option value that the instruction names, and buy. No knowledge of the goal beyond its text."""
+
+    def __init__(self, options: bool = False):
+        self.options = options
+
+    def reset(self, goal_index: int, goal: Goal) -> None:
+        self.instruction = goal.instruction_text
+        self.words = f" {' '.join(goal.instruction_text.lower().replace(',', ' ').split())} "
+        self.chosen: set[str] = set()
+
+    def act(self, observation: str, available: dict) -> str | None:
+        kind = page_kind(available)
+        if kind == "search":
+            return f"search[{self.instruction}]"
+        if kind == "results":
+            products = _product_keys(available)
+            return f"click[{products[0]}]" if products else None
+        if kind == "item":
+            if self.options:
+                for value in available["clickables"]:
+                    if value in (BUY_NOW.lower(), PREV_PAGE.lower(), BACK_TO_SEARCH.lower()) or value in self.chosen:
+                        continue
+                    if value in {"description", "features", "reviews"}:
+                        continue
+                    if f" {value} " in self.words:
+                        self.chosen.add(value)
+                        return f"click[{value}]"
+            return f"click[{BUY_NOW.lower()}]"
+        return None
+
+
 @dataclass
 class Episode:
     goal_index: int
