@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-
 import pytest
+from webshop_fixtures import small_dir
 
 from envs.webshop_bridge import PACKAGED_DATA, DataError, exact_purchase_reward, load_webshop, resolve_data
 from envs.webshop_bridge.data import load_processed_jsonl, read_json
-
-from webshop_fixtures import small_dir
 
 
 @pytest.fixture(scope="module")
@@ -53,3 +51,18 @@ def test_corrupt_gzip_names_the_file(tmp_path):
     truncated.write_bytes((PACKAGED_DATA["webshop_small"] / "items_ins_v2_1000.json.gz").read_bytes()[:500])
     with pytest.raises(DataError, match="items_ins_v2_x.json.gz"):
         read_json(truncated)
+
+
+def test_rule_baselines_on_real_goals(shop):
+    from envs.webshop_bridge import FirstHitPolicy, OraclePolicy, evaluate
+
+    goals = list(shop.split("test"))[:60]
+    plain, plain_eps = evaluate(shop, lambda: FirstHitPolicy(options=False), goals)
+    named, named_eps = evaluate(shop, lambda: FirstHitPolicy(options=True), goals)
+    oracle, _ = evaluate(shop, OraclePolicy, goals)
+    assert all(len(e.actions) == 3 for e in plain_eps)  # search, open the first hit, buy
+    assert named.score > plain.score and oracle.score > named.score
+    for episode in named_eps:  # every option it clicks is named in the instruction
+        words = f" {' '.join(shop.goals[episode.goal_index].instruction_text.lower().replace(',', ' ').split())} "
+        for action in episode.actions[2:-1]:
+            assert f" {action[len('click['):-1]} " in words
