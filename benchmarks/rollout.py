@@ -1,0 +1,197 @@
+"""Rollout-loop throughput against its floor: the same policy calls through the bare jitted programs.
+
+Runs the trainer (``python -m esjax.run`` minus the CLI) on a config twice in one process: a warm-up run that
+compiles every program, then the timed run with the same seed (so the same shapes, nothing to compile). While
+the timed run goes, every policy call's padded shape is counted and one example input per shape is kept. Then
+each shape's bare program (noise preparation + candidate scoring on device arrays, no host work) is timed on
+its example, and the floor is ``Σ calls(shape) × bare seconds(shape)``: what the loop would take if the host
+cost nothing. Printed:
+
+- env steps per wall second and per CPU second (process time, all threads), scored tokens per second;
+- the loop/floor ratio (``floor seconds / loop seconds``; 1.0 = the loop runs at the model's pace);
+- the per-tick breakdown from ``TickStats`` (prepare: prompts and candidates; model: padding, dispatch,
+  device compute, reading back; env: env steps; the rest: bookkeeping, updates, evaluations, checkpoints);
+- padding efficiency (real tokens / computed tokens) and the compiled-program count of the warm-up run.
+
+    python benchmarks/rollout.py                                  # configs/default.yaml, 3 updates
+    python benchmarks/rollout.py --model 30m --updates 1          # a ~30M-parameter Qwen2-shaped random model
+    python benchmarks/rollout.py --quick                          # seconds: tiny random model (tests)
+
+Timings need an otherwise idle machine: the load average is printed with the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import esjax.agent.scoring as scoring  # noqa: E402
+from esjax.config import load_config  # noqa: E402
+from esjax.loop.rollout import RolloutEngine, TickStats  # noqa: E402
+from esjax.machine import machine_info  # noqa: E402
+
+#: A ~30M-parameter Qwen2-shaped model (random weights: the throughput, not the policy, is measured).
+MODEL_30M = {"model_type": "qwen2", "vocab_size": 4096, "hidden_size": 512, "intermediate_size": 1536,
+             "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 2,
+             "max_position_embeddings": 2048, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+             "tie_word_embeddings": True, "hidden_act": "silu", "eos_token_id": 1, "pad_token_id": 0}
+
+TINY = ["model.source=random", "es.population=4", "schedule.slots=4", "env.tasks_per_member=2", "env.eval_goals=4",
+        "env.max_steps=4"]
+
+
+class Recorder:
+    """Counts policy-call shapes, keeps one example input per shape, sums ``TickStats`` of every tick."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.ticks = 0
+        self.stats = TickStats()
+        self.shape_calls: Counter = Counter()
+        self.examples: dict[tuple, tuple] = {}
+        self.compiled: set[tuple] = set()
+
+    def install(self) -> None:
+        tick, program, prepare = RolloutEngine.tick, scoring._score_prefix_cached, scoring.prepare_jit
+        recorder = self
+
+        def recorded_tick(engine, params_at):
+            finished, stats = tick(engine, params_at)
+            if recorder.active:
+                recorder.ticks += 1
+                recorder.stats.add(stats)
+            return finished, stats
+
+        def recorded_program(config, params, prepared, *arrays):
+            key = tuple(a.shape for a in arrays) + ((None if prepared is None else prepared.groups),)
+            recorder.compiled.add(key)
+            if recorder.active:
+                recorder.shape_calls[key] += 1
+                recorder.examples.setdefault(key, (config, params, recorder.last_perturbation, arrays))
+            return program(config, params, prepared, *arrays)
+
+        def recorded_prepare(perturbation, params):
+            recorder.last_perturbation = perturbation
+            return prepare(perturbation, params)
+
+        RolloutEngine.tick = recorded_tick
+        scoring._score_prefix_cached = recorded_program
+        scoring.prepare_jit = recorded_prepare
+        self._program, self._prepare = program, prepare
+
+    def bare_seconds(self, key: tuple, repeats: int) -> float:
+        """Median wall seconds of one shape's bare call (noise + program, inputs already on device)."""
+        config, params, perturbation, arrays = self.examples[key]
+        arrays = [jax.device_put(a) for a in arrays]
+
+        def call():
+            prepared = None if perturbation is None else self._prepare(perturbation, params)
+            return self._program(config, params, prepared, *arrays)
+
+        jax.block_until_ready(call())
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(call())
+            times.append(time.perf_counter() - start)
+        return float(np.median(times))
+
+
+def run_config(config_path: str, overrides: list[str]) -> Any:
+    from esjax.trainer import train
+
+    config = load_config(config_path, overrides)
+    with tempfile.TemporaryDirectory() as tmp:
+        return train(config, Path(tmp) / "run")
+
+
+def measure(config_path: str, overrides: list[str], repeats: int = 5) -> dict[str, Any]:
+    recorder = Recorder()
+    recorder.install()
+    start = time.perf_counter()
+    run_config(config_path, overrides)  # warm-up: compiles every program of this run
+    warm_seconds = time.perf_counter() - start
+    programs = len(recorder.compiled)
+    recorder.active = True
+    start, start_cpu = time.perf_counter(), time.process_time()
+    result = run_config(config_path, overrides)
+    loop_seconds, loop_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    recorder.active = False
+    floor = sum(n * recorder.bare_seconds(key, repeats) for key, n in recorder.shape_calls.items())
+    s = recorder.stats
+    evals = [r for r in result.records if r.get("kind") == "eval"]
+    return {
+        "config": config_path, "overrides": overrides, "machine": machine_info(),
+        "updates": result.version, "ticks": recorder.ticks, "env_steps": s.rows, "model_rows": s.model_rows,
+        "calls": s.calls, "loop_seconds": loop_seconds, "loop_cpu_seconds": loop_cpu,
+        "env_steps_per_s": s.rows / loop_seconds, "env_steps_per_cpu_s": s.rows / max(loop_cpu, 1e-9),
+        "tokens_per_s": s.tokens / loop_seconds, "floor_seconds": floor, "loop_vs_floor": floor / loop_seconds,
+        "padding_efficiency": s.tokens / max(s.padded_tokens, 1),
+        "breakdown_s": {"prepare": s.prepare_s, "model": s.model_s, "env": s.env_s,
+                        "other": loop_seconds - s.prepare_s - s.model_s - s.env_s},
+        "programs": programs, "warmup_seconds_incl_compile": warm_seconds,
+        "shapes": {str(k[:4]): n for k, n in recorder.shape_calls.most_common()},
+        "final_eval": evals[-1]["score"] if evals else None,
+    }
+
+
+def report(r: dict[str, Any]) -> str:
+    b = r["breakdown_s"]
+    total = r["loop_seconds"]
+    lines = [
+        f"{r['config']} {' '.join(r['overrides'])}",
+        f"  machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, load {r['machine']['loadavg']}",
+        f"  {r['updates']} updates, {r['ticks']} ticks, {r['env_steps']} env steps, {r['calls']} policy calls "
+        f"in {total:.1f} s ({r['loop_cpu_seconds']:.1f} CPU s)",
+        f"  env steps/s {r['env_steps_per_s']:.0f}, per CPU-second {r['env_steps_per_cpu_s']:.0f}; "
+        f"scored tokens/s {r['tokens_per_s']:.0f}",
+        f"  loop vs bare-forward floor: {r['loop_vs_floor']:.2f} (floor {r['floor_seconds']:.1f} s of "
+        f"{total:.1f} s)",
+        f"  per tick: prepare {b['prepare'] / total:.0%}, model {b['model'] / total:.0%}, env {b['env'] / total:.0%}, "
+        f"other {b['other'] / total:.0%}",
+        f"  padding efficiency {r['padding_efficiency']:.2f}; {r['programs']} compiled scoring programs "
+        f"(warm-up run incl. compile {r['warmup_seconds_incl_compile']:.0f} s)",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(ROOT / "configs" / "default.yaml"))
+    ap.add_argument("--updates", type=int, default=3)
+    ap.add_argument("--model", choices=["config", "30m"], default="config",
+                    help="30m: replace the config's policy by a ~30M-parameter random Qwen2-shaped model")
+    ap.add_argument("--set", action="append", default=[], help="extra config overrides (key=value)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed repeats of each bare program")
+    ap.add_argument("--quick", action="store_true", help="tiny random model, 1 update (a smoke test)")
+    ap.add_argument("--json", type=Path, help="also write the result here")
+    args = ap.parse_args(argv)
+    overrides = [f"run.updates={args.updates}", "run.progress=false", "run.eval_every=1000",
+                 "run.checkpoint_every=1000"]
+    if args.model == "30m":
+        overrides += ["model.source=random", f"model.random_config={json.dumps(MODEL_30M)}"]
+    if args.quick:
+        overrides = [o for o in overrides if not o.startswith("run.updates")] + ["run.updates=1"] + TINY
+        args.repeats = 1
+    result = measure(args.config, overrides + args.set, args.repeats)
+    print(report(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
