@@ -2,11 +2,19 @@
 
 The session logic follows WebShop's ``SimServer.receive``: ``search[q]`` works from any page and
 shows results page 1; ``click[x]`` must name one of the current page's clickables (lower-cased
-argument; clicking "search" is refused); Back to Search resets the session (options too); ``< Prev``
-goes item -> results (which clears chosen options) and sub page -> item; ``Next >`` / ``< Prev`` page
-through results; an option click records ``{option name: value}``; Buy Now ends the episode with
-WebShop's reward. Anything else is a no-op with reward 0 and ``done=False``; it is flagged in
-``info['valid'] = False`` with ``info['invalid_reason']``.
+argument; clicking "search" is refused). A click is routed by its text first, in WebShop's order: Buy
+Now ends the episode with WebShop's reward; Back to Search resets the session (options too);
+``Next >`` and ``< Prev`` act by the page name that ``SimServer.get_page_name`` reads off the current
+URL (results: page +1 / -1; item: back to the results, which clears chosen options; sub page: back to
+the item); Description / Features / Reviews / Attributes open a sub page; anything else is a product
+(open it) or an option (record ``{option name: value}``). Anything else is a no-op with reward 0 and
+``done=False``; it is flagged in ``info['valid'] = False`` with ``info['invalid_reason']``.
+
+WebShop's page name is a substring test on its URL, which holds the search words (joined by ``+``) and
+the chosen options, so the session keeps the URL WebShop would show (``Session.url``) and routes by the
+same test: after a search whose words contain ``search_results``, ``< Prev`` on an item or sub page
+goes to the results page *before* the current one (page 0, empty, from page 1); with ``item_page`` in
+the words, ``< Prev`` on a sub page goes to the results instead of the item page.
 
 Differences, all deliberate: actions after Buy Now are no-ops (WebShop would let the session go on
 and even re-score a second purchase); the special queries ``<r>``, ``<a> attr``, ``<c> category`` and
@@ -16,6 +24,7 @@ from the environment's own seeded RNG; an optional ``max_steps`` truncates episo
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field, replace
 
@@ -27,6 +36,22 @@ from .search import SEARCH_RETURN_N
 from .shop import Shop
 
 SPECIAL_QUERIES = {"<a>": "attribute", "<c>": "category", "<q>": "query"}
+
+#: WebShop's ``WebAgentTextEnv.base_url`` and ``SimServer.get_page_name`` names, in its test order.
+BASE_URL = "http://127.0.0.1:3000"
+PAGE_NAMES = ("search_results", "item_page", "item_sub_page", "done")
+#: Click texts that open a sub page (WebShop's ``ACTION_TO_TEMPLATE``), lower-cased -> page name.
+SUB_PAGE_KEYS = {name.lower(): name for name in pages.SUB_PAGES}
+
+
+def page_name(url: str | None) -> str | None:
+    """WebShop's ``SimServer.get_page_name``: the first of :data:`PAGE_NAMES` contained in ``url``."""
+    if url is None:
+        return None
+    for name in PAGE_NAMES:
+        if name in url:
+            return name
+    return ""
 
 
 def parse_action(action: str) -> tuple[str, str | None]:
@@ -50,6 +75,8 @@ class Session:
     goal_index: int
     goal: Goal
     page: Page
+    session_id: str = ""
+    url: str = ""  # the URL WebShop's browser would be at (its page routing reads it)
     keywords: str | None = None
     results: list[int] = field(default_factory=list)
     result_page: int = 1
@@ -106,12 +133,14 @@ class WebShopTextEnv:
             if len(pool) == 0:
                 raise ValueError("no goals to draw from")
             goal_index = pool[self.rng.randrange(len(pool))]
+        session_id = str(goal_index)
         if not 0 <= goal_index < len(goals):
             raise IndexError(f"goal_index {goal_index} out of range [0, {len(goals)})")
         goal = goals[goal_index]
         if instruction_text is not None:
             goal = replace(goal, instruction_text=instruction_text)
-        self.session = Session(goal_index, goal, pages.search_page(goal.instruction_text))
+        self.session = Session(goal_index, goal, pages.search_page(goal.instruction_text), session_id=session_id,
+                               url=f"{BASE_URL}/{session_id}")
         return self.session.page.observation, {"goal_index": goal_index, "page": "search",
                                                "instruction": goal.instruction_text}
 
@@ -181,42 +210,61 @@ class WebShopTextEnv:
         s.results = self._run_query(keywords)
         self._show_results(s, 1)
 
+    @staticmethod
+    def _url_words(s: Session) -> str:
+        return "+".join(s.keywords.split(" "))  # WebShop's keywords_url_string
+
+    def _asin(self, s: Session) -> str:
+        return self.shop.product(s.product).asin.upper()
+
     def _show_results(self, s: Session, page: int) -> None:
+        """Results page ``page`` (WebShop's slice ``[(page - 1) * 10:page * 10]``, so page <= 0 is empty
+        or, below 0, counts from the end)."""
         s.result_page = page
         s.product = None
         s.options = {}
         start = (page - 1) * pages.PRODUCTS_PER_PAGE
-        hits = [(i, self.shop.product(i)) for i in s.results[start:start + pages.PRODUCTS_PER_PAGE]]
+        hits = [(i, self.shop.product(i)) for i in s.results[start:page * pages.PRODUCTS_PER_PAGE]]
         s.page = pages.results_page(s.goal.instruction_text, page, len(s.results), hits)
+        s.url = f"{BASE_URL}/search_results/{s.session_id}/{self._url_words(s)}/{page}"
 
     def _show_item(self, s: Session) -> None:
         s.page = pages.item_page(s.goal.instruction_text, self.shop.product(s.product), self.show_attrs)
+        s.url = (f"{BASE_URL}/item_page/{s.session_id}/{self._asin(s)}/{self._url_words(s)}/{s.result_page}/"
+                 f"{json.dumps(s.options)}")
+
+    def _show_sub_page(self, s: Session, name: str) -> None:
+        s.page = pages.item_sub_page(s.goal.instruction_text, self.shop.product(s.product), name)
+        s.url = (f"{BASE_URL}/item_sub_page/{s.session_id}/{self._asin(s)}/{self._url_words(s)}/"
+                 f"{s.result_page}/{name}/{s.options}")
 
     def _click(self, s: Session, key: str, info: dict) -> float:
-        target = s.page.clickables[key]
-        kind = s.page.kind
-        if target.kind == "product":
-            s.product = target.payload
-            s.visited.add(target.payload)
-            self._show_item(s)
-        elif target.kind == "option":
-            s.options[target.payload] = key
-            self._show_item(s)
-        elif key == pages.BUY_NOW.lower():
+        """WebShop's ``SimServer.receive`` for a click: by the clicked text first, then by what it is."""
+        where = page_name(s.url)
+        if key == pages.BUY_NOW.lower():
             return self._buy(s, info)
-        elif key == pages.BACK_TO_SEARCH.lower():
+        if key == pages.BACK_TO_SEARCH.lower():
             s.keywords, s.results, s.product, s.options, s.visited = None, [], None, {}, set()
             s.page = pages.search_page(s.goal.instruction_text)
-        elif key == pages.NEXT_PAGE.lower() and kind == "results":
+            s.url = f"{BASE_URL}/{s.session_id}"
+        elif key == pages.NEXT_PAGE.lower() and where == "search_results":
             self._show_results(s, s.result_page + 1)
-        elif key == pages.PREV_PAGE.lower() and kind == "results":
+        elif key == pages.PREV_PAGE.lower() and where == "search_results":
             self._show_results(s, s.result_page - 1)
-        elif key == pages.PREV_PAGE.lower() and kind == "item_sub":
+        elif key == pages.PREV_PAGE.lower() and where == "item_sub_page":
             self._show_item(s)
-        elif key == pages.PREV_PAGE.lower() and kind == "item":
+        elif key == pages.PREV_PAGE.lower() and where == "item_page":
             self._show_results(s, s.result_page)
-        elif target.payload in pages.SUB_PAGES:
-            s.page = pages.item_sub_page(s.goal.instruction_text, self.shop.product(s.product), target.payload)
+        elif key in SUB_PAGE_KEYS:
+            self._show_sub_page(s, SUB_PAGE_KEYS[key])
+        else:
+            target = s.page.clickables[key]
+            if target.kind == "product":
+                s.product = target.payload
+                s.visited.add(target.payload)
+            elif target.kind == "option":
+                s.options[target.payload] = key
+            self._show_item(s)
         return 0.0
 
     def _buy(self, s: Session, info: dict) -> float:
@@ -224,6 +272,7 @@ class WebShopTextEnv:
         result: RewardInfo = compute_reward(product, s.goal, self.shop.price(s.product), s.options)
         s.done, s.reward = True, result.reward
         s.page = pages.done_page(product.asin, s.options, result.reward)
+        s.url = f"{BASE_URL}/done/{s.session_id}/{self._asin(s)}/{s.options}"
         info.update(reward_info=result.to_dict(), purchased_asin=product.asin,
                     purchased_options=dict(s.options), goal_asin=s.goal.asin)
         return result.reward

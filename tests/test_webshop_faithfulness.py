@@ -1,0 +1,150 @@
+"""Details where the bridge follows WebShop's own code (princeton-nlp/WebShop,
+web_agent_site/envs/web_agent_text_env.py) to the letter: ``< Prev`` / ``Next >`` routed by a
+substring test on the URL."""
+
+from __future__ import annotations
+
+from webshop_fixtures import make_goal, make_product, tiny_shop
+
+from envs.webshop_bridge import WebShopTextEnv
+from envs.webshop_bridge.env import BASE_URL, page_name
+
+INSTR = "i need black running shoes"
+
+
+def _shop(n: int = 12, weights=None, extra_options=None):
+    """``n`` 'Acme' products (11 results for 'acme'), product 3 a sneaker with options; one goal per
+    weight (goal i on product i), or one goal on the sneaker."""
+    products = [make_product(f"B00000{i:04d}", title=f"Acme Running Shoes Model {i}", pricing=(20.0 + i,),
+                             price_tag=f"${20.0 + i}") for i in range(n)]
+    options = {"color": ["black", "white"], "size": ["8", "9"], **(extra_options or {})}
+    products[3] = make_product("B000000003", title="Zed Trail Sneaker", pricing=(10.0, 15.0),
+                               price_tag="$10.0 to $15.0", options=options, description="Light sneaker.")
+    if weights is None:
+        goals = [make_goal(products[3], index=3, instruction_text=INSTR, goal_options={"color": "black", "size": "9"})]
+    else:
+        goals = [make_goal(products[i], index=i, instruction_text=f"goal {i}", weight=w) for i, w in enumerate(weights)]
+    return tiny_shop(products, goals, prices=[p.pricing[0] for p in products])
+
+
+def _env(**kw):
+    env = WebShopTextEnv(_shop(**kw), seed=0)
+    env.reset(0)
+    return env
+
+
+def _results_page(env) -> int:
+    assert env.page.kind == "results"
+    return env.session.result_page
+
+
+# ------------------------------------------------------------------------ page routing by URL
+def test_page_name_is_webshops_first_substring_in_order():
+    assert page_name(None) is None
+    assert page_name(f"{BASE_URL}/0") == ""
+    assert page_name(f"{BASE_URL}/item_page/0/B1/shoes/1/{{}}") == "item_page"
+    assert page_name(f"{BASE_URL}/item_page/0/B1/search_results/1/{{}}") == "search_results"
+    assert page_name(f"{BASE_URL}/item_sub_page/0/B1/a+item_page/1/Description/{{}}") == "item_page"
+    assert page_name(f"{BASE_URL}/item_sub_page/0/B1/done/1/Description/{{}}") == "item_sub_page"
+
+
+def test_session_url_is_the_one_webshop_builds():
+    env = _env()
+    assert env.session.url == f"{BASE_URL}/0"
+    env.step("search[zed  trail]")  # split on single spaces, joined by '+'
+    assert env.session.url == f"{BASE_URL}/search_results/0/zed++trail/1"
+    env.step("click[b000000003]")
+    env.step("click[9]")
+    assert env.session.url == f'{BASE_URL}/item_page/0/B000000003/zed++trail/1/{{"size": "9"}}'
+    env.step("click[features]")
+    assert env.session.url == f"{BASE_URL}/item_sub_page/0/B000000003/zed++trail/1/Features/{{'size': '9'}}"
+    env.step("click[back to search]")
+    assert env.session.url == f"{BASE_URL}/0"
+
+
+def test_prev_with_ordinary_search_words():
+    env = _env()
+    env.step("search[acme]")
+    env.step("click[next >]")
+    env.step("click[b000000011]")
+    env.step("click[< prev]")  # item -> the results page it came from
+    assert _results_page(env) == 2
+    env.step("click[b000000011]")
+    env.step("click[description]")
+    env.step("click[< prev]")  # sub page -> its item page
+    assert env.page.kind == "item"
+
+
+def test_prev_when_search_words_contain_search_results():
+    # WebShop's item / sub page URL holds the search words, and 'search_results' is tested first, so
+    # '< Prev' acts as on a results page: the page before the current one.
+    env = _env()
+    env.step("search[acme search_results]")
+    env.step("click[b000000000]")
+    obs, reward, done, info = env.step("click[< prev]")
+    assert (reward, done, info["valid"], _results_page(env)) == (0.0, False, True, 0)
+    assert obs == f"Instruction: [SEP] {INSTR} [SEP] Back to Search [SEP] Page 0 (Total results: 11) [SEP] Next >"
+    assert env.available_actions()["clickables"] == ["back to search", "next >"]  # no products, no '< Prev'
+    env.step("click[next >]")
+    assert _results_page(env) == 1 and "b000000000" in env.available_actions()["clickables"]
+
+    env.step("click[next >]")
+    env.step("click[b000000011]")
+    env.step("click[< prev]")  # from an item found on page 2: page 1
+    assert _results_page(env) == 1
+    env.step("click[next >]")
+    env.step("click[b000000011]")
+    env.step("click[reviews]")
+    env.step("click[< prev]")  # a sub page too
+    assert _results_page(env) == 1 and env.session.options == {}
+
+
+def test_prev_on_a_sub_page_when_search_words_contain_item_page():
+    # 'item_page' is tested before 'item_sub_page': '< Prev' on a sub page acts as on an item page
+    env = _env()
+    env.step("search[sneaker item_page]")
+    env.step("click[b000000003]")
+    env.step("click[9]")
+    env.step("click[< prev]")  # on the item page itself nothing changes: back to its results page
+    assert _results_page(env) == 1
+    env.step("click[b000000003]")
+    env.step("click[9]")
+    env.step("click[description]")
+    env.step("click[< prev]")
+    assert _results_page(env) == 1 and env.session.options == {}
+
+
+def test_later_page_names_in_search_words_change_nothing():
+    env = _env()
+    env.step("search[sneaker item_sub_page done]")
+    env.step("click[b000000003]")
+    env.step("click[description]")
+    env.step("click[< prev]")
+    assert env.page.kind == "item"
+    env.step("click[< prev]")
+    assert _results_page(env) == 1
+
+
+def test_prev_when_a_chosen_option_contains_search_results():
+    env = _env(extra_options={"style": ["search_results"]})  # the options are in the URL too
+    env.step("search[sneaker]")
+    env.step("click[b000000003]")
+    env.step("click[< prev]")
+    assert _results_page(env) == 1
+    env.step("click[b000000003]")
+    env.step("click[search_results]")
+    env.step("click[< prev]")
+    assert _results_page(env) == 0
+
+
+def test_a_click_is_routed_by_its_text_before_what_it_is():
+    # an option value that reads like a button does what the button does (WebShop's receive tests the
+    # clicked text first); 'attributes' opens that sub page even when its button is hidden
+    env = _env(extra_options={"style": ["description", "attributes"]})
+    env.step("search[sneaker]")
+    env.step("click[b000000003]")
+    env.step("click[description]")
+    assert env.page.kind == "item_sub" and env.page.sub_page == "Description" and env.session.options == {}
+    env.step("click[< prev]")
+    env.step("click[attributes]")
+    assert env.page.sub_page == "Attributes" and env.session.options == {}
