@@ -1,13 +1,19 @@
 """Details where the bridge follows WebShop's own code (princeton-nlp/WebShop,
-web_agent_site/envs/web_agent_text_env.py) to the letter: ``< Prev`` / ``Next >`` routed by a
-substring test on the URL."""
+web_agent_site/envs/web_agent_text_env.py and web_agent_site/utils.py) to the letter:
+``< Prev`` / ``Next >`` routed by a substring test on the URL and how ``reset()`` draws a goal."""
 
 from __future__ import annotations
 
+import bisect
+import random
+import string
+from collections import Counter
+
+import numpy as np
 from webshop_fixtures import make_goal, make_product, tiny_shop
 
-from envs.webshop_bridge import WebShopTextEnv
-from envs.webshop_bridge.env import BASE_URL, page_name
+from envs.webshop_bridge import WebShopTextEnv, load_webshop
+from envs.webshop_bridge.env import BASE_URL, page_name, webshop_process_rng
 
 INSTR = "i need black running shoes"
 
@@ -148,3 +154,53 @@ def test_a_click_is_routed_by_its_text_before_what_it_is():
     env.step("click[< prev]")
     env.step("click[attributes]")
     assert env.page.sub_page == "Attributes" and env.session.options == {}
+
+
+# ---------------------------------------------------------------------------- goal draws
+def _webshop_draws(weights, seed: int, n: int) -> tuple[list[int], tuple]:
+    """WebShop's reset() without a session, n times from random.seed(seed): a 10-letter session id
+    (random.choices), then utils.random_idx over [0] + cumsum(weights)."""
+    rng = random.Random(seed)
+    cum = [0] + np.cumsum(weights).tolist()
+    out = []
+    for _ in range(n):
+        rng.choices(string.ascii_lowercase, k=10)
+        out.append(min(bisect.bisect(cum, rng.uniform(0, cum[-1])), len(cum) - 2))
+    return out, rng.getstate()
+
+
+def test_reset_draws_goals_as_webshop_does():
+    weights = [1.0, 2.0, 3.0, 4.0]
+    for seed in (0, 1, 2):
+        env = WebShopTextEnv(_shop(weights=weights), seed=seed)
+        drawn = [env.reset()[1]["goal_index"] for _ in range(300)]
+        expected, state = _webshop_draws(weights, seed, 300)
+        assert drawn == expected and env.rng.getstate() == state  # same draws, same RNG consumption
+    env.reset(2)  # an explicit goal draws nothing
+    assert env.rng.getstate() == state and env.session.session_id == "2"
+
+
+def test_reset_draw_frequencies_follow_the_previous_goals_weight():
+    env = WebShopTextEnv(_shop(weights=[1.0, 2.0, 3.0, 4.0]), seed=0)
+    counts = Counter(env.reset()[1]["goal_index"] for _ in range(20_000))
+    assert counts[0] == 0  # never the first goal
+    freq = np.array([counts[i] for i in range(4)]) / 20_000
+    np.testing.assert_allclose(freq, [0.0, 0.1, 0.2, 0.7], atol=0.015)  # w[k-1]; the last gets w[-2] + w[-1]
+
+
+def test_reset_draw_from_a_split_never_gives_its_first_goal():
+    shop = _shop(weights=[1.0, 1.0, 2.0, 5.0])  # test = goal 0, train = goals 1..3
+    env = WebShopTextEnv(shop, seed=3, split="train")
+    counts = Counter(env.reset()[1]["goal_index"] for _ in range(3000))
+    assert set(counts) == {2, 3}
+    assert env.goal is shop.goals[env.session.goal_index]
+    assert WebShopTextEnv(shop, seed=0, split="test").reset()[1]["goal_index"] == 0  # a pool of one
+
+
+def test_fresh_webshop_process_goal_sequence():
+    # The first goals that reset() draws in a fresh WebShop process on the 1,000-product set, computed
+    # with WebShop's own utils.random_idx on its global random (seed 233, the shuffle, the constructor's reset)
+    shop = load_webshop("webshop_small")
+    env = WebShopTextEnv(shop)
+    env.rng = webshop_process_rng(len(shop.goals))
+    assert [env.reset()[1]["goal_index"] for _ in range(8)] == [5457, 3613, 2985, 3529, 4196, 4938, 96, 458]

@@ -16,17 +16,26 @@ same test: after a search whose words contain ``search_results``, ``< Prev`` on 
 goes to the results page *before* the current one (page 0, empty, from page 1); with ``item_page`` in
 the words, ``< Prev`` on a sub page goes to the results instead of the item page.
 
+Goals: ``reset(i)`` plays goal ``i``; ``reset()`` draws one as WebShop's ``WebAgentTextEnv.reset`` +
+``SimServer.receive`` do (see :meth:`WebShopTextEnv.reset`).
+
 Differences, all deliberate: actions after Buy Now are no-ops (WebShop would let the session go on
 and even re-score a second purchase); the special queries ``<r>``, ``<a> attr``, ``<c> category`` and
 ``<q> query`` never raise (WebShop's ``<a>`` crashes in text mode); ``<r>`` is drawn once per query
-from the environment's own seeded RNG; an optional ``max_steps`` truncates episodes.
+from the environment's own seeded RNG (WebShop draws again on every render of its results); an
+optional ``max_steps`` truncates episodes.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import random
+import string
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from . import pages
 from .goals import Goal
@@ -42,6 +51,8 @@ BASE_URL = "http://127.0.0.1:3000"
 PAGE_NAMES = ("search_results", "item_page", "item_sub_page", "done")
 #: Click texts that open a sub page (WebShop's ``ACTION_TO_TEMPLATE``), lower-cased -> page name.
 SUB_PAGE_KEYS = {name.lower(): name for name in pages.SUB_PAGES}
+#: WebShop seeds its global ``random`` with this right before shuffling the goals.
+WEBSHOP_GOAL_SEED = 233
 
 
 def page_name(url: str | None) -> str | None:
@@ -52,6 +63,56 @@ def page_name(url: str | None) -> str | None:
         if name in url:
             return name
     return ""
+
+
+def draw_goal_position(cum_weights: Sequence[float], rng: random.Random) -> int:
+    """WebShop's ``utils.random_idx``: ``bisect(cum_weights, uniform(0, total))``, capped at the last goal.
+
+    ``cum_weights`` is ``[0, w0, w0 + w1, ...]``. The bisection returns one past the goal whose weight
+    interval holds the draw, so position ``k`` (1 <= k < n - 1) comes with probability ``w[k-1] / total``,
+    the last with ``(w[n-2] + w[n-1]) / total``, and position 0 never (unless it is the only one).
+    """
+    pos = rng.uniform(0, cum_weights[-1])
+    return min(bisect.bisect(cum_weights, pos), len(cum_weights) - 2)
+
+
+def draw_session_id(rng: random.Random) -> str:
+    """WebShop's random session id for ``reset()`` without a session: 10 lower-case letters."""
+    return "".join(rng.choices(string.ascii_lowercase, k=10))
+
+
+def webshop_process_rng(num_goals: int) -> random.Random:
+    """A ``random.Random`` in the state WebShop's global ``random`` has right after a fresh process builds
+    ``WebAgentTextEnv`` over ``num_goals`` goals (no ``limit_goals``): ``random.seed(233)``, the goal
+    shuffle, then the constructor's own ``reset()`` (a session id and a goal draw).
+
+    ``env.rng = webshop_process_rng(len(shop.goals))`` makes ``env.reset()`` draw the goals that WebShop's
+    ``env.reset()`` calls draw, in order, provided nothing else draws from either RNG in between (WebShop's
+    ``<r>`` search draws from the same global RNG, and does so on every results render).
+    """
+    rng = random.Random(WEBSHOP_GOAL_SEED)
+    rng.shuffle([None] * num_goals)  # consumption depends only on the length
+    draw_session_id(rng)
+    rng.random()  # the constructor's goal draw (uniform = one random())
+    return rng
+
+
+_CUM_WEIGHTS: dict[tuple, tuple[object, list[float]]] = {}
+
+
+def _cum_weights(goals: Sequence[Goal], pool: range) -> list[float]:
+    """``[0] + np.cumsum(weights).tolist()`` over ``goals[pool]`` (WebShop's ``SimServer.cum_weights``),
+    cached per goal sequence and pool (a few entries)."""
+    key = (id(goals), pool.start, pool.stop, pool.step)
+    hit = _CUM_WEIGHTS.get(key)
+    if hit is not None and hit[0] is goals:
+        return hit[1]
+    weights = np.fromiter((goals[i].weight for i in pool), dtype=np.float64, count=len(pool))
+    cum = [0] + np.cumsum(weights).tolist()
+    if len(_CUM_WEIGHTS) >= 8:
+        _CUM_WEIGHTS.pop(next(iter(_CUM_WEIGHTS)))
+    _CUM_WEIGHTS[key] = (goals, cum)
+    return cum
 
 
 def parse_action(action: str) -> tuple[str, str | None]:
@@ -126,14 +187,24 @@ class WebShopTextEnv:
         return self._session().page.available_actions()
 
     def reset(self, goal_index: int | None = None, *, instruction_text: str | None = None) -> tuple[str, dict]:
-        """Start a session on goal ``goal_index`` (None: a random goal of ``split`` or of all goals)."""
+        """Start a session on goal ``goal_index``, or on a drawn goal, as WebShop's ``reset(session=...)``.
+
+        Without a goal index the goal is drawn from ``split`` (all goals if None) as WebShop's
+        ``reset()`` draws it from its goal list (``filter_goals`` playing the split's part): a random
+        10-letter session id (``random.choices``), then ``utils.random_idx`` over the cumulative goal
+        weights (:func:`draw_goal_position`: the pool's first goal is never drawn, each other one with
+        the weight of the goal before it). Both come from ``self.rng`` (``random.Random(seed)``),
+        consuming it as WebShop consumes its global ``random``; see :func:`webshop_process_rng`.
+        """
         goals = self.shop.goals
         if goal_index is None:
             pool = self.shop.split(self.split) if self.split else range(len(goals))
             if len(pool) == 0:
                 raise ValueError("no goals to draw from")
-            goal_index = pool[self.rng.randrange(len(pool))]
-        session_id = str(goal_index)
+            session_id = draw_session_id(self.rng)
+            goal_index = pool[draw_goal_position(_cum_weights(goals, pool), self.rng)]
+        else:
+            session_id = str(goal_index)
         if not 0 <= goal_index < len(goals):
             raise IndexError(f"goal_index {goal_index} out of range [0, {len(goals)})")
         goal = goals[goal_index]
