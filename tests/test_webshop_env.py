@@ -190,8 +190,10 @@ def test_reset_errors_and_random_goal():
     with pytest.raises(IndexError):
         env.reset(5)
     _, info = env.reset()
-    assert info["goal_index"] == 0
-    assert env.reset(0, instruction_text="custom")[0] == "WebShop [SEP] Instruction: [SEP] custom [SEP] Search"
+    assert info["goal_index"] == 0  # WebShop's draw never gives a pool's first goal, unless it is the only one
+    # an instruction_text only sets env.instruction_text, as in WebShop: the page keeps the goal's own
+    assert env.reset(0, instruction_text="custom")[0] == f"WebShop [SEP] Instruction: [SEP] {INSTR} [SEP] Search"
+    assert env.instruction_text == env.instruction == "custom"
 
 
 _WEBSHOP_PATTERN = re.compile(r"(.+)\[(.+)\]")

@@ -1,12 +1,16 @@
 """Details where the bridge follows WebShop's own code (princeton-nlp/WebShop,
 web_agent_site/envs/web_agent_text_env.py and web_agent_site/utils.py) to the letter:
-``< Prev`` / ``Next >`` routed by a substring test on the URL and how ``reset()`` draws a goal."""
+``< Prev`` / ``Next >`` routed by a substring test on the URL, how ``reset()`` draws a goal, what
+``instruction_text`` holds, and what ``reset(i, instruction_text=...)`` changes."""
 
 from __future__ import annotations
 
 import bisect
+import importlib.machinery
 import random
 import string
+import sys
+import types
 from collections import Counter
 
 import numpy as np
@@ -14,6 +18,7 @@ from webshop_fixtures import make_goal, make_product, tiny_shop
 
 from envs.webshop_bridge import WebShopTextEnv, load_webshop
 from envs.webshop_bridge.env import BASE_URL, page_name, webshop_process_rng
+from envs.webshop_bridge.official import OfficialWebShopEnv
 
 INSTR = "i need black running shoes"
 
@@ -204,3 +209,67 @@ def test_fresh_webshop_process_goal_sequence():
     env = WebShopTextEnv(shop)
     env.rng = webshop_process_rng(len(shop.goals))
     assert [env.reset()[1]["goal_index"] for _ in range(8)] == [5457, 3613, 2985, 3529, 4196, 4938, 96, 458]
+
+
+# -------------------------------------------------------------------------- instructions
+def test_instruction_text_carries_webshops_prefix_and_instruction_does_not():
+    env = WebShopTextEnv(_shop())
+    _, info = env.reset(0)
+    assert env.instruction_text == f"Instruction: {INSTR}"  # WebShop reads it off the search page's <h4>
+    assert env.instruction == info["instruction"] == INSTR
+    env.reset(0, instruction_text="Instruction: find a hat")
+    assert (env.instruction_text, env.instruction) == ("Instruction: find a hat", "find a hat")
+
+
+def test_reset_instruction_text_only_sets_the_instruction():
+    env = WebShopTextEnv(_shop())
+    plain = env.reset(0)[0]
+    obs, info = env.reset(0, instruction_text="find a red hat")
+    assert obs == plain and env.goal is env.shop.goals[0]
+    assert env.instruction_text == env.instruction == info["instruction"] == "find a red hat"
+    env.step("search[sneaker]")
+    env.step("click[b000000003]")
+    assert f"Instruction: [SEP] {INSTR} [SEP]" in env.observation
+    env.step("click[black]")
+    env.step("click[9]")
+    assert env.step("click[buy now]")[1] == 1.0  # scored against the goal, whatever the instruction says
+    env.reset(0)
+    assert env.instruction_text == f"Instruction: {INSTR}"
+
+
+def _fake_webshop(monkeypatch, goals):
+    """A stand-in for web_agent_site's WebAgentTextEnv with WebShop's instruction_text behaviour."""
+
+    class WebAgentTextEnv:
+        def __init__(self, observation_mode, **kwargs):
+            self.server = types.SimpleNamespace(goals=goals, user_sessions={})
+            self.calls = []
+
+        def reset(self, session=None, instruction_text=None):
+            self.calls.append((session, instruction_text))
+            idx = session if isinstance(session, int) else len(goals) - 1
+            self.session = str(session) if session is not None else "abcdefghij"
+            self.server.user_sessions[self.session] = {"goal": goals[idx]}
+            text = goals[idx]["instruction_text"]
+            self.instruction_text = f"Instruction: {text}" if instruction_text is None else instruction_text
+            return f"WebShop [SEP] Instruction: [SEP] {text} [SEP] Search", None
+
+    names = ["web_agent_site", "web_agent_site.envs", "web_agent_site.envs.web_agent_text_env"]
+    for name in names:
+        module = types.ModuleType(name)
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        monkeypatch.setitem(sys.modules, name, module)
+    sys.modules[names[-1]].WebAgentTextEnv = WebAgentTextEnv
+
+
+def test_both_adapters_expose_the_same_instruction(monkeypatch):
+    shop = _shop(weights=[1.0, 1.0])
+    _fake_webshop(monkeypatch, [{"instruction_text": g.instruction_text} for g in shop.goals])
+    official, bridge = OfficialWebShopEnv(), WebShopTextEnv(shop)
+    for kwargs in ({}, {"instruction_text": "custom"}):
+        a, b = official.reset(np.int64(1), **kwargs), bridge.reset(1, **kwargs)
+        assert official.env.calls[-1] == (1, kwargs.get("instruction_text"))
+        assert type(official.env.calls[-1][0]) is int  # WebShop only honours a Python int
+        assert a[0] == b[0] and a[1] == {k: b[1][k] for k in ("goal_index", "instruction")}
+        assert (official.instruction_text, official.instruction) == (bridge.instruction_text, bridge.instruction)
+    assert official.reset()[1]["goal_index"] == 1  # a drawn goal's index is recovered

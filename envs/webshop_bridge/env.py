@@ -17,7 +17,9 @@ goes to the results page *before* the current one (page 0, empty, from page 1); 
 the words, ``< Prev`` on a sub page goes to the results instead of the item page.
 
 Goals: ``reset(i)`` plays goal ``i``; ``reset()`` draws one as WebShop's ``WebAgentTextEnv.reset`` +
-``SimServer.receive`` do (see :meth:`WebShopTextEnv.reset`).
+``SimServer.receive`` do (see :meth:`WebShopTextEnv.reset`). ``instruction_text`` is what WebShop's
+env exposes under that name (``'Instruction: ' + goal text``, read off the search page, or the text
+given to ``reset``); ``instruction`` is the same without that prefix.
 
 Differences, all deliberate: actions after Buy Now are no-ops (WebShop would let the session go on
 and even re-score a second purchase); the special queries ``<r>``, ``<a> attr``, ``<c> category`` and
@@ -33,7 +35,7 @@ import json
 import random
 import string
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -46,6 +48,9 @@ from .shop import Shop
 
 SPECIAL_QUERIES = {"<a>": "attribute", "<c>": "category", "<q>": "query"}
 
+#: What WebShop's ``get_instruction_text`` reads before the goal text (the search page's
+#: ``<h4>Instruction: <br>{{ instruction_text }}</h4>``).
+INSTRUCTION_PREFIX = "Instruction: "
 #: WebShop's ``WebAgentTextEnv.base_url`` and ``SimServer.get_page_name`` names, in its test order.
 BASE_URL = "http://127.0.0.1:3000"
 PAGE_NAMES = ("search_results", "item_page", "item_sub_page", "done")
@@ -63,6 +68,11 @@ def page_name(url: str | None) -> str | None:
         if name in url:
             return name
     return ""
+
+
+def bare_instruction(instruction_text: str) -> str:
+    """``instruction_text`` without WebShop's leading ``'Instruction: '``."""
+    return instruction_text.removeprefix(INSTRUCTION_PREFIX)
 
 
 def draw_goal_position(cum_weights: Sequence[float], rng: random.Random) -> int:
@@ -137,6 +147,7 @@ class Session:
     goal: Goal
     page: Page
     session_id: str = ""
+    instruction_text: str = ""  # what WebShop's env.instruction_text holds
     url: str = ""  # the URL WebShop's browser would be at (its page routing reads it)
     keywords: str | None = None
     results: list[int] = field(default_factory=list)
@@ -167,9 +178,16 @@ class WebShopTextEnv:
 
     # ------------------------------------------------------------------------------------ API
     @property
+    def instruction_text(self) -> str:
+        """WebShop's ``WebAgentTextEnv.instruction_text``: ``'Instruction: ' + goal text`` (the search page's
+        instruction heading), or exactly the ``instruction_text`` given to :meth:`reset`."""
+        return self._session().instruction_text
+
+    @property
     def instruction(self) -> str:
-        """The current goal's instruction text."""
-        return self._session().goal.instruction_text
+        """:attr:`instruction_text` without its ``'Instruction: '`` prefix: the goal's instruction text
+        (the same on :class:`~envs.webshop_bridge.official.OfficialWebShopEnv`)."""
+        return bare_instruction(self._session().instruction_text)
 
     @property
     def goal(self) -> Goal:
@@ -195,6 +213,9 @@ class WebShopTextEnv:
         weights (:func:`draw_goal_position`: the pool's first goal is never drawn, each other one with
         the weight of the goal before it). Both come from ``self.rng`` (``random.Random(seed)``),
         consuming it as WebShop consumes its global ``random``; see :func:`webshop_process_rng`.
+
+        ``instruction_text`` only sets :attr:`instruction_text` (and so :attr:`instruction`), as in
+        WebShop: the pages still show the goal's own instruction, and the goal and reward are unchanged.
         """
         goals = self.shop.goals
         if goal_index is None:
@@ -208,12 +229,11 @@ class WebShopTextEnv:
         if not 0 <= goal_index < len(goals):
             raise IndexError(f"goal_index {goal_index} out of range [0, {len(goals)})")
         goal = goals[goal_index]
-        if instruction_text is not None:
-            goal = replace(goal, instruction_text=instruction_text)
+        text = INSTRUCTION_PREFIX + goal.instruction_text if instruction_text is None else instruction_text
         self.session = Session(goal_index, goal, pages.search_page(goal.instruction_text), session_id=session_id,
-                               url=f"{BASE_URL}/{session_id}")
+                               instruction_text=text, url=f"{BASE_URL}/{session_id}")
         return self.session.page.observation, {"goal_index": goal_index, "page": "search",
-                                               "instruction": goal.instruction_text}
+                                               "instruction": self.instruction}
 
     def step(self, action: str) -> tuple[str, float, bool, dict]:
         s = self._session()

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import operator
+
+from .env import bare_instruction
 
 
 def official_available() -> bool:
@@ -22,7 +25,8 @@ class OfficialWebShopEnv:
     """``reset(goal_index)``, ``step(action)``, ``available_actions()``, ``instruction`` over the official env.
 
     ``kwargs`` go to ``WebAgentTextEnv`` (e.g. ``num_products=1000``, ``human_goals=False``);
-    ``observation_mode`` is fixed to 'text'.
+    ``observation_mode`` is fixed to 'text'. ``instruction_text`` is WebShop's own attribute
+    (``'Instruction: ' + goal text``); ``instruction`` drops that prefix, as on :class:`WebShopTextEnv`.
     """
 
     def __init__(self, **kwargs):
@@ -32,12 +36,27 @@ class OfficialWebShopEnv:
         self.env = module.WebAgentTextEnv(observation_mode="text", **kwargs)
 
     @property
-    def instruction(self) -> str:
+    def instruction_text(self) -> str:
         return self.env.instruction_text
 
-    def reset(self, goal_index: int | None = None) -> tuple[str, dict]:
-        obs, _ = self.env.reset(session=goal_index)
-        return obs, {"goal_index": goal_index, "instruction": self.env.instruction_text}
+    @property
+    def instruction(self) -> str:
+        return bare_instruction(self.env.instruction_text)
+
+    def reset(self, goal_index: int | None = None, *, instruction_text: str | None = None) -> tuple[str, dict]:
+        """WebShop's ``reset(session=goal_index, instruction_text=...)``; None draws a goal (WebShop's way).
+
+        The index is passed as a Python ``int``: WebShop only plays goal ``session`` when
+        ``isinstance(session, int)`` and otherwise draws a random goal (a NumPy integer would).
+        """
+        session = None if goal_index is None else operator.index(goal_index)
+        extra = {} if instruction_text is None else {"instruction_text": instruction_text}
+        obs, _ = self.env.reset(session=session, **extra)
+        if session is None:
+            server = self.env.server
+            goal = server.user_sessions[self.env.session]["goal"]
+            session = next((i for i, g in enumerate(server.goals) if g is goal), None)
+        return obs, {"goal_index": session, "instruction": self.instruction}
 
     def step(self, action: str) -> tuple[str, float, bool, dict]:
         obs, reward, done, info = self.env.step(action)
