@@ -1,20 +1,25 @@
-"""Evaluate a policy (default: the shipped embedded one) on real WebShop data's test goals.
+"""The baselines table on WebShop's real held-out goals: reference policies, the shipped policy, ES-tuned runs.
 
-Uses the same agent as training (compact prompts, candidate scoring, greedy) on the real 1,000-product
-WebShop small set (``../shared/webshop_small``, loaded by ``envs.webshop_bridge.load_webshop``) and reports
-score (100 × mean reward) and success rate (share of reward 1.0) next to the bridge's random-clicking
-baseline (``RandomPolicy``: searches the instruction, then clicks a uniformly random clickable). The
-embedded policy was trained only on synthetic products, so no threshold applies.
+Every row is measured on the same goals (default: the 500 test goals of the packaged real 1,000-product set,
+WebShop's seed-233 order) with the same step cap (15, as ReAct and verl-agent):
 
-    python experiments/eval_real_webshop.py [--data ../shared/webshop_small] [--model HF_DIR] [--goals N]
+- random clicking (``RandomPolicy``: searches the instruction, then clicks uniformly at random);
+- rule "first hit, buy" and rule "first hit + every option value the instruction names, buy"
+  (``FirstHitPolicy``);
+- WebShop's oracle (knows the target product);
+- the shipped embedded policy (or ``--model HF_DIR``), greedy, as the trainer evaluates it;
+- with ``--runs DIR ...``: each ES run's first and last evaluation (read from its metrics.jsonl; the run must
+  have evaluated the same goals), and the paired before → after difference over the runs.
 
-Exits 0 with a message (no result) when the data folder is absent.
+    python experiments/eval_real_webshop.py --runs runs/default-s0 runs/default-s1 runs/default-s2 \\
+        --markdown experiments/results/webshop_baselines.md
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -23,47 +28,92 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-DEFAULT_DATA = ROOT.parent / "shared" / "webshop_small"
+
+def run_evals(run_dir: Path) -> tuple[dict, dict]:
+    """(first, last) evaluation records of a run directory."""
+    from esjax.metrics import read_metrics
+
+    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "eval"]
+    if not evals:
+        raise SystemExit(f"{run_dir}: no evaluation records in metrics.jsonl")
+    return min(evals, key=lambda r: r["version"]), max(evals, key=lambda r: r["version"])
 
 
-def main(argv: list[str] | None = None) -> dict | None:
+def paired_interval(deltas: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Mean and two-sided t interval of paired differences."""
+    from scipy import stats
+
+    n = len(deltas)
+    mean = sum(deltas) / n
+    if n < 2:
+        return mean, float("nan"), float("nan")
+    sd = math.sqrt(sum((d - mean) ** 2 for d in deltas) / (n - 1))
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="WebShop data folder")
+    p.add_argument("--data", default="webshop_small", help="packaged set name or WebShop data folder")
     p.add_argument("--model", type=Path, default=None, help="HF folder (default: the embedded policy)")
     p.add_argument("--split", default="test", choices=["test", "eval", "train"])
     p.add_argument("--goals", type=int, default=None, help="first N goals of the split (default: all)")
-    p.add_argument("--max-steps", type=int, default=10, help="episode step cap (configs/default.yaml uses 10)")
+    p.add_argument("--max-steps", type=int, default=15, help="episode step cap (configs/default.yaml uses 15)")
     p.add_argument("--seed", type=int, default=0, help="random baseline's seed")
+    p.add_argument("--runs", type=Path, nargs="*", default=[], help="ES run directories to add")
     p.add_argument("--json", type=Path, default=None, help="also write the result here")
+    p.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     args = p.parse_args(argv)
-    if not (args.data / "products_1000.jsonl").exists() and not any(args.data.glob("items_*.json*")):
-        print(f"{args.data}: no WebShop data here; skipping (nothing evaluated)")
-        return None
 
-    from envs.webshop_bridge import RandomPolicy, evaluate, load_webshop
+    from envs.webshop_bridge import FirstHitPolicy, OraclePolicy, RandomPolicy, evaluate, load_webshop
     from esjax.agent.policy import load_policy
     from esjax.agent.webshop import WebShopAgent
     from esjax.evaluate import evaluate_policy
+    from esjax.machine import machine_info
 
     shop = load_webshop(args.data)
     goals = list(shop.split(args.split))[: args.goals]
+    rows = []
+    for name, make in [("random clicking", lambda: RandomPolicy(args.seed)),
+                       ("rule: first hit, buy", lambda: FirstHitPolicy(options=False)),
+                       ("rule: first hit + options named in the instruction, buy", lambda: FirstHitPolicy(True)),
+                       ("oracle (knows the target product)", OraclePolicy)]:
+        res, _ = evaluate(shop, make, goals, max_steps=args.max_steps)
+        rows.append({"policy": name, "score": res.score, "success_rate": res.success_rate})
     policy = load_policy("embedded") if args.model is None else load_policy("hf", str(args.model))
     agent = WebShopAgent(policy.tokenizer, "compact")
     t0 = time.perf_counter()
     res = evaluate_policy(policy.config, policy.params, agent, shop, goals, args.max_steps)
-    seconds = time.perf_counter() - t0
-    rnd, _ = evaluate(shop, lambda: RandomPolicy(args.seed), goals, max_steps=args.max_steps)
-    out = {"data": str(args.data), "shop": shop.name, "split": args.split, "goals": len(goals),
-           "max_steps": args.max_steps, "model": str(args.model or "embedded"),
-           "policy": {"score": res["score"], "success_rate": res["success_rate"]},
-           "random": {"score": rnd.score, "success_rate": rnd.success_rate, "seed": args.seed},
-           "policy_eval_seconds": seconds}
-    print(f"{len(goals)} {args.split} goals of {args.data.name} (max {args.max_steps} steps):")
-    print(f"  {out['model']} policy: score {res['score']:.1f}, success {100 * res['success_rate']:.1f}% "
-          f"({seconds:.0f} s)")
-    print(f"  random clicking:  score {rnd.score:.1f}, success {100 * rnd.success_rate:.1f}%")
+    name = "shipped policy (greedy)" if args.model is None else f"{args.model} (greedy)"
+    rows.append({"policy": name, "score": res["score"], "success_rate": res["success_rate"],
+                 "seconds": time.perf_counter() - t0})
+    deltas = []
+    for run in args.runs:
+        first, last = run_evals(run)
+        if first["goals"] != len(goals):
+            raise SystemExit(f"{run}: evaluated {first['goals']} goals, this table uses {len(goals)}")
+        deltas.append(last["score"] - first["score"])
+        rows.append({"policy": f"after ES: {run.name} (v{last['version']}; before: {first['score']:.1f})",
+                     "score": last["score"], "success_rate": last["success_rate"]})
+    out = {"data": str(args.data), "split": args.split, "goals": len(goals), "max_steps": args.max_steps,
+           "rows": rows, "machine": machine_info()}
+    if deltas:
+        mean, lo, hi = paired_interval(deltas)
+        out["es_delta"] = {"per_run": deltas, "mean": mean, "ci95": [lo, hi]}
+    lines = [f"{len(goals)} {args.split} goals of {args.data}, at most {args.max_steps} steps "
+             "(score = 100 × mean reward, success = share of reward 1.0)", "",
+             "| policy | score | success |", "|---|---|---|"]
+    lines += [f"| {r['policy']} | {r['score']:.1f} | {100 * r['success_rate']:.1f}% |" for r in rows]
+    if deltas:
+        d = out["es_delta"]
+        lines += ["", f"ES Δ score over {len(deltas)} runs: {', '.join(f'{x:+.1f}' for x in deltas)}; mean "
+                      f"{d['mean']:+.2f}, paired 95% t interval [{d['ci95'][0]:+.2f}, {d['ci95'][1]:+.2f}]"]
+    text = "\n".join(lines)
+    print(text)
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
     return out
 
 

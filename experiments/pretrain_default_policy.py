@@ -1,33 +1,32 @@
-"""Pretrain the embedded default policy (``esjax/assets/default_policy/``) by behaviour cloning.
+"""Pretrain the embedded default policy (``esjax/assets/default_policy/``) by behaviour cloning on real WebShop.
 
 Recipe (every step is deterministic given ``--seed``):
 
-1. Build the synthetic shop the default config uses (``synthetic_shop(500, seed=0)``: 2,110 goals, 1,688
-   train / 211 eval / 211 test).
-2. Roll a *noisy demonstrator* over the first ``--demo-goals`` goals of the **train** split. It is
-   WebShop's oracle (search the instruction, open the goal's product, click the goal's options, buy) except
-   that, independently per episode with probability ``--hasty`` (default 0.5), it is *hasty*: it buys right
-   after opening the product, skipping every option. Each step is recorded in exactly the agent's format:
-   the compact prompt and the candidate list of ``WebShopAgent.step_inputs`` (``open <title> <price>``,
-   ``choose <value>``, ``buy now``, ...) and the index of the candidate whose env action the demonstrator
-   took. Steps with a single candidate (the search page) carry no choice and are skipped; a step whose
-   action is not among the candidates would be skipped too (it never happens with this demonstrator).
+1. Load the packaged real 1,000-product WebShop set (``load_webshop("webshop_small")``: 6,910 goals; WebShop's
+   split after the seed-233 shuffle: test 0–499, eval 500–1,499, train 1,500+). Only **train** goals are played.
+2. Roll a *noisy teacher* over the first ``--demo-goals`` train goals. The teacher searches the instruction;
+   on the results page it opens the goal's product if it is on page 1 and otherwise the first hit (it never
+   pages: a policy that cannot see the target could not imitate paging); on the item page it clicks the goal's
+   option values, then buys. Independently per episode, with probability ``--hasty``, it is *hasty*: it buys
+   right after opening the product, skipping every option. Each step is recorded in exactly the agent's
+   format: the compact prompt and the candidate list of ``WebShopAgent.step_inputs`` (``open #1 $12.99
+   <title>``, ``choose <value>``, ``buy now``, ...) and the index of the candidate the teacher took. Steps with
+   a single candidate (the search page) carry no choice and are skipped.
 3. Train a byte-level BPE tokenizer (``esjax.agent.tokenizer.train_bpe``) on the prompts, the candidate
-   descriptions and the shop's texts (the same corpus ``model.source: random`` uses).
+   descriptions and the shop's texts (real titles, instructions and option values).
 4. Initialize a small Qwen2-architecture decoder (see ``MODEL``) and train it with optax AdamW on the
-   candidate cross-entropy: ``softmax`` over the candidates' summed token log-likelihoods given the prompt
-   (the differentiable form of ``esjax.agent.scoring.score_candidates``: the prompt runs once into a KV
-   cache and the candidates run on top of it), for a fixed ``--steps`` budget.
+   candidate cross-entropy: ``softmax`` over the candidates' **mean per-token** log-likelihoods given the
+   prompt (the differentiable form of ``esjax.agent.scoring.score_candidates`` with ``norm='mean'``: the
+   prompt runs once into a KV cache and the candidates run on top of it), for a fixed ``--steps`` budget.
 5. Export the HF folder (config.json, model.safetensors, tokenizer.json, tokenizer_config.json with a
-   chat template) and a README with the recipe, seed, run time and greedy scores on the held-out split.
+   chat template) and a README with the recipe, seed, run time and greedy scores on the real held-out goals.
 
-Why the result is *competent but clearly improvable*: half of the demonstrations buy without choosing
-options, so the cloned policy is roughly indifferent between ``buy now`` and the right ``choose <value>`` on
-a fresh item page (its greedy choice tips one way or the other per goal) — it finds the right product, but
-often leaves reward for the options on the table. That is exactly what reward-driven fine-tuning (ES in
-``configs/default.yaml``) can fix and behaviour cloning on this data cannot.
+Why the result is *competent but improvable*: a share of the demonstrations buy without choosing options, so
+the cloned policy is close to indifferent between ``buy now`` and the right ``choose <value>`` on a fresh item
+page. It finds a good product but often leaves the options' reward on the table — which reward-driven
+fine-tuning (ES in ``configs/default.yaml``) can fix and behaviour cloning on this data cannot.
 
-Run: ``python experiments/pretrain_default_policy.py`` (a few minutes on a 2-core CPU);
+Run: ``python experiments/pretrain_default_policy.py`` (about ten minutes on a 2-core CPU);
 ``--quick`` is a seconds-long version for tests; ``--out DIR`` writes elsewhere.
 """
 
@@ -51,17 +50,23 @@ if str(ROOT) not in sys.path:
 
 DEFAULT_OUT = ROOT / "esjax" / "assets" / "default_policy"
 
-#: The shop of configs/default.yaml (env.num_products, env.catalog_seed).
-NUM_PRODUCTS = 500
+#: The shop of configs/default.yaml (env.data, env.catalog_seed): WebShop's real 1,000-product set.
+DATA = "webshop_small"
 CATALOG_SEED = 0
 
 #: The policy's architecture (Qwen2, tied embeddings); ``vocab_size`` is the BPE vocabulary size.
 MODEL = {
-    "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 1024, "hidden_size": 64,
+    "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 2048, "hidden_size": 64,
     "intermediate_size": 192, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
     "max_position_embeddings": 1024, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
     "hidden_act": "silu", "bos_token_id": None, "eos_token_id": 1, "pad_token_id": 0, "torch_dtype": "float32",
 }
+
+#: How the policy compares candidates (``agent.score_norm`` of the configs that use it).
+SCORE_NORM = "mean"
+
+#: Episode step cap of the evaluation (configs/default.yaml's env.max_steps; ReAct and verl-agent use 15).
+MAX_STEPS = 15
 
 CHAT_TEMPLATE = ("{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}<eos>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
@@ -72,12 +77,46 @@ CHAT_TEMPLATE = ("{% for message in messages %}<|{{ message['role'] }}|>\n{{ mes
 # ---------------------------------------------------------------------------------------------------------
 
 
-def demonstrations(shop, goals, hasty: float, seed: int, max_steps: int = 10):
-    """``(prompt_text, candidate_texts, target)`` for every multi-candidate step of the demonstrator.
+class Teacher:
+    """The noisy teacher of the recipe: WebShop's oracle limited to what the first results page shows.
 
-    Also returns the demonstrator's mean reward and how many steps were skipped (action not a candidate).
+    Opens the goal's product if it is on results page 1, else the first hit (never pages); clicks the goal's
+    option values; buys. A *hasty* teacher buys right after opening the product.
     """
-    from envs.webshop_bridge import OraclePolicy, WebShopTextEnv
+
+    def __init__(self, goal, hasty: bool):
+        self.goal, self.hasty = goal, hasty
+        self.chosen: set[str] = set()
+
+    def act(self, observation: str, available: dict) -> str | None:
+        from esjax.agent.webshop import page_kind
+
+        kind = page_kind(available)
+        clickables = available.get("clickables", [])
+        if kind == "search":
+            return f"search[{self.goal.instruction_text}]"
+        if kind == "results":
+            target = self.goal.asin.lower()
+            products = [c for c in clickables if c not in ("back to search", "next >", "< prev")]
+            if target in products:
+                return f"click[{target}]"
+            return f"click[{products[0]}]" if products else None
+        if kind == "item":
+            if not self.hasty:
+                for value in self.goal.option_values():
+                    if value in clickables and value not in self.chosen:
+                        self.chosen.add(value)
+                        return f"click[{value}]"
+            return "click[buy now]"
+        return None
+
+
+def demonstrations(shop, goals, hasty: float, seed: int, max_steps: int = 15):
+    """``(prompt_text, candidate_texts, target)`` for every multi-candidate step of the teacher.
+
+    Also returns the teacher's mean reward and how many steps were skipped (action not a candidate).
+    """
+    from envs.webshop_bridge import WebShopTextEnv
     from esjax.agent.webshop import EpisodeMemory, candidates_for, compact_prompt, page_kind
 
     env = WebShopTextEnv(shop)
@@ -86,18 +125,15 @@ def demonstrations(shop, goals, hasty: float, seed: int, max_steps: int = 10):
     steps, rewards, skipped = [], [], 0
     for goal, is_hasty in zip(goals, hasty_flags):
         observation, _ = env.reset(goal)
-        oracle = OraclePolicy()
-        oracle.reset(goal, env.goal)
+        teacher = Teacher(env.goal, bool(is_hasty))
         memory = EpisodeMemory(env.instruction)
         reward = 0.0
         for _ in range(max_steps):
             available = env.available_actions()
             kind = page_kind(available)
-            action = oracle.act(observation, available)
+            action = teacher.act(observation, available)
             if action is None:
                 break
-            if is_hasty and kind == "item":
-                action = "click[buy now]"
             candidates = candidates_for(observation, available, memory)
             match = [i for i, c in enumerate(candidates) if c.action == action]
             if match:
@@ -134,17 +170,24 @@ def _round_up(n: int, m: int) -> int:
 def encode_steps(agent, steps):
     """Fixed-shape arrays of the steps, encoded exactly as ``WebShopAgent.step_inputs`` does.
 
-    Steps are grouped by page kind (results pages: ~12 long candidates; item pages: ~6 short ones) and each
-    group is padded to its own shapes, so a batch wastes little compute on padding (two compiled programs).
+    Steps are grouped by page kind and, on item pages, by candidate count and length (a results page has 12
+    long candidates; an item page from 3 to 50+ mostly short ones), and each group is padded to its own shapes,
+    so a batch wastes little compute on padding (a handful of compiled programs).
     """
     from esjax.agent.batching import left_pad, right_pad
+    from esjax.agent.buckets import next_power_of_two
     from esjax.agent.webshop import Candidate
 
+    keyed: dict[str, list] = {}
+    for step in steps:
+        if "| page: results |" in step[0]:
+            key = "results"
+        else:
+            longest = max(len(agent.encode_candidate(Candidate(t, ""))) for t in step[1])
+            key = f"item-k{max(8, next_power_of_two(len(step[1])))}-c{8 if longest <= 8 else 24}"
+        keyed.setdefault(key, []).append(step)
     groups = {}
-    for kind in ("results", "item"):
-        chosen = [s for s in steps if f"| page: {kind} |" in s[0]]
-        if not chosen:
-            continue
+    for key, chosen in sorted(keyed.items()):
         n = len(chosen)
         prompts = [agent.encode_prompt(p) for p, _, _ in chosen]
         cands = [[agent.encode_candidate(Candidate(t, "")) for t in cs] for _, cs, _ in chosen]
@@ -156,8 +199,8 @@ def encode_steps(agent, steps):
         c_tok, c_mask = right_pad(flat, n * K, clen)
         valid = np.array([[k < len(cs) for k in range(K)] for cs in cands])
         target = np.array([t for _, _, t in chosen], np.int32)
-        groups[kind] = {"p_tok": p_tok, "p_mask": p_mask, "c_tok": c_tok.reshape(n, K, clen),
-                        "c_mask": c_mask.reshape(n, K, clen), "valid": valid, "target": target}
+        groups[key] = {"p_tok": p_tok, "p_mask": p_mask, "c_tok": c_tok.reshape(n, K, clen),
+                       "c_mask": c_mask.reshape(n, K, clen), "valid": valid, "target": target}
     return groups
 
 
@@ -182,10 +225,10 @@ def batch_plan(groups, batch: int, steps: int, seed: int):
 
 
 def candidate_scores(config, params, p_tok, p_mask, c_tok, c_mask):
-    """Summed log-likelihood of each candidate given its prompt, ``[B, K]`` (as ``score_candidates``)."""
+    """Each candidate's mean per-token log-likelihood given its prompt, ``[B, K]`` (as ``score_candidates``)."""
     import jax.numpy as jnp
 
-    from esjax.agent.scoring import token_logprobs
+    from esjax.agent.scoring import normalize_scores, token_logprobs
     from esjax.model.decoder import default_positions, forward, init_cache
 
     rows, plen = p_tok.shape
@@ -201,7 +244,8 @@ def candidate_scores(config, params, p_tok, p_mask, c_tok, c_mask):
     hidden_c, _ = forward(config, params, c_tok, c_pos, c_mask, cache, return_hidden=True)
     pred = jnp.concatenate([last, hidden_c[:, :-1]], axis=1)
     logp = token_logprobs(config, params, pred, c_tok, None)
-    return jnp.where(c_mask, logp, 0.0).sum(axis=1).reshape(rows, K)
+    summed = jnp.where(c_mask, logp, 0.0).sum(axis=1).reshape(rows, K)
+    return normalize_scores(summed, c_mask.sum(axis=1).reshape(rows, K), SCORE_NORM)
 
 
 def make_optimizer(lr: float, steps: int, weight_decay: float):
@@ -268,14 +312,15 @@ def write_readme(out: Path, report: dict) -> None:
         "# The embedded default policy",
         "",
         "A small Qwen2-architecture decoder that plays WebShop by scoring candidate actions (see",
-        "`esjax/agent/webshop.py`), trained from scratch by behaviour cloning with",
-        "`experiments/pretrain_default_policy.py`. It is deliberately imperfect: `configs/default.yaml`",
+        "`esjax/agent/webshop.py`), trained from scratch by behaviour cloning on **real WebShop** train goals",
+        "with `experiments/pretrain_default_policy.py`. It is competent but improvable: `configs/default.yaml`",
         "fine-tunes it with asynchronous ES.",
         "",
         "Regenerate (bit-identical on the same CPU / jax build, see below):",
         "",
         "```",
-        f"python experiments/pretrain_default_policy.py --seed {a['seed']}",
+        f"python experiments/pretrain_default_policy.py --seed {a['seed']} --steps {a['steps']} "
+        f"--hasty {a['hasty']}",
         "```",
         "",
         "## Model",
@@ -283,31 +328,33 @@ def write_readme(out: Path, report: dict) -> None:
         f"- Qwen2 architecture: hidden {MODEL['hidden_size']}, {MODEL['num_hidden_layers']} layers, "
         f"{MODEL['num_attention_heads']} heads ({MODEL['num_key_value_heads']} KV heads), MLP "
         f"{MODEL['intermediate_size']}, tied embeddings, vocabulary {MODEL['vocab_size']} (byte-level BPE "
-        "trained on the shop's text); float32.",
+        "trained on the real shop's text); float32.",
         f"- {report['param_count']:,} parameters; folder size {report['folder_bytes'] / 1e6:.2f} MB.",
         f"- Weights digest (sha256 of the leaves, first 16 hex): `{report['digest']}`.",
+        "- Agent settings it was trained for: compact prompt, candidates cut to 24 tokens, candidates compared",
+        f"  by mean per-token log-likelihood (`agent.score_norm: {SCORE_NORM}`).",
         "",
         "## Recipe",
         "",
-        f"- Shop: `synthetic_shop({NUM_PRODUCTS}, seed={CATALOG_SEED})` (the default config's shop): "
+        f"- Shop: WebShop's real 1,000-product set (`load_webshop(\"{DATA}\", seed={CATALOG_SEED})`, packaged): "
         f"{report['splits']['train']} train / {report['splits']['eval']} eval / {report['splits']['test']} "
-        "test goals.",
-        f"- Demonstrations: the first {a['demo_goals']} train goals, played by WebShop's oracle that is "
-        f"*hasty* (buys right after opening the product, skipping all options) in a random "
-        f"{a['hasty']:.0%} of the episodes. Demonstrator's mean reward: {report['demo_reward']:.3f}. "
-        f"{report['demo_steps']} multi-candidate steps recorded ({report['demo_skipped']} skipped: action not "
-        "a candidate).",
-        f"- Loss: cross-entropy of the demonstrated candidate under softmax over the candidates' summed token "
-        f"log-likelihoods given the compact prompt; AdamW lr {a['lr']}, weight decay {a['weight_decay']}, "
-        f"batch {a['batch']}, {a['steps']} steps (about {report['epochs']:.1f} epochs), stopped by the fixed "
-        "budget, seed "
-        f"{a['seed']}.",
+        "test goals (WebShop's split). Only train goals are played.",
+        f"- Demonstrations: the first {a['demo_goals']} train goals, played by a teacher that opens the goal's "
+        "product when it is on results page 1 and the first hit otherwise, clicks the goal's options and buys; "
+        f"in a random {a['hasty']:.0%} of the episodes it is *hasty* (buys right after opening the product). "
+        f"Teacher's mean reward: {report['demo_reward']:.3f}. {report['demo_steps']} multi-candidate steps "
+        f"recorded ({report['demo_skipped']} skipped: action not a candidate).",
+        "- Loss: cross-entropy of the demonstrated candidate under softmax over the candidates' mean per-token "
+        f"log-likelihoods given the compact prompt; AdamW lr {a['lr']} (warm-up, cosine decay), weight decay "
+        f"{a['weight_decay']}, batch {a['batch']}, {a['steps']} steps (about {report['epochs']:.1f} epochs), "
+        f"seed {a['seed']}.",
         f"- Final training loss {report['final_loss']:.3f}, candidate accuracy {report['final_acc']:.3f} (last "
         "50 steps).",
         f"- Run time: {report['train_seconds']:.0f} s training, {report['total_seconds']:.0f} s in all, on "
         f"{report['machine']} (load average at start {report['load']}).",
         "",
-        "## Greedy scores (score = 100 × mean reward, success = share of reward 1.0)",
+        f"## Greedy scores on real WebShop (score = 100 × mean reward, success = share of reward 1.0, at most "
+        f"{MAX_STEPS} steps)",
         "",
         "| goals | policy | score | success |",
         "|---|---|---|---|",
@@ -316,13 +363,13 @@ def write_readme(out: Path, report: dict) -> None:
         lines.append(f"| {row['name']} | {row['policy']} | {row['score']:.1f} | {100 * row['success_rate']:.1f}% |")
     lines += [
         "",
-        "For reference on the same shop: WebShop's oracle scores 100, opening the first hit and choosing the",
-        "right options 99, opening the first hit and buying without options 64, random clicking (the",
-        "bridge's `RandomPolicy`) about 20.",
+        "On the same 500 test goals: rule \"open the first hit, buy\" 53.6 / 2.2%, rule \"first hit + the options",
+        "the instruction names\" 74.6 / 57.0%, WebShop's oracle 99.0 / 95.6%",
+        "(`experiments/results/webshop_baselines.md`).",
         "",
         "## Reproducibility",
         "",
-        "Everything is seeded (demonstrator noise, data order, initialization), the tokenizer trainer is",
+        "Everything is seeded (teacher noise, data order, initialization), the tokenizer trainer is",
         "deterministic and XLA's CPU kernels are deterministic, so re-running the command on the same machine",
         "and jax version reproduces these weights bit for bit (`tests/test_default_policy.py` checks it on a",
         "short run). On another CPU (different SIMD width) or jax version, float rounding can differ; the",
@@ -341,13 +388,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--demo-goals", type=int, default=1200, help="train goals played by the demonstrator")
-    p.add_argument("--hasty", type=float, default=0.5, help="share of demonstrations that skip all options")
-    p.add_argument("--steps", type=int, default=400, help="optimizer steps (the early stop)")
+    p.add_argument("--demo-goals", type=int, default=5410, help="train goals played by the teacher (all: 5,410)")
+    p.add_argument("--hasty", type=float, default=0.35, help="share of demonstrations that skip all options")
+    p.add_argument("--steps", type=int, default=1500, help="optimizer steps (the early stop)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--eval-goals", type=int, default=211, help="held-out (test) goals for the README scores")
+    p.add_argument("--eval-goals", type=int, default=500, help="held-out goals per split for the README scores")
     p.add_argument("--quick", action="store_true", help="a seconds-long run (tests): few goals and steps, no eval")
     p.add_argument("--log-every", type=int, default=50)
     return p
@@ -360,17 +407,17 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     import jax
 
-    from envs.webshop_bridge import synthetic_shop
+    from envs.webshop_bridge import load_webshop
     from esjax.agent.tokenizer import train_bpe
     from esjax.agent.webshop import WebShopAgent
     from esjax.model.config import from_hf_dict
     from esjax.model.params import init_params, param_count
 
-    shop = synthetic_shop(NUM_PRODUCTS, seed=CATALOG_SEED)
+    shop = load_webshop(DATA, seed=CATALOG_SEED)
     train_goals = list(shop.split("train"))[: args.demo_goals]
     steps, demo_reward, skipped = demonstrations(shop, train_goals, args.hasty, args.seed)
     tokenizer = train_bpe(tokenizer_corpus(shop, steps), MODEL["vocab_size"])
-    agent = WebShopAgent(tokenizer, "compact")
+    agent = WebShopAgent(tokenizer, "compact", score_norm=SCORE_NORM)
     data = encode_steps(agent, steps)
     n = len(steps)
     print(f"{n} demonstration steps from {len(train_goals)} goals (demonstrator reward {demo_reward:.3f}); "
@@ -401,9 +448,9 @@ def main(argv: list[str] | None = None) -> dict:
 
         for split in ("test", "eval"):
             goals = list(shop.split(split))[: args.eval_goals]
-            res = evaluate_policy(config, params, agent, shop, goals, max_steps=10)
+            res = evaluate_policy(config, params, agent, shop, goals, max_steps=MAX_STEPS)
             evals.append({"name": f"{len(goals)} {split} goals", "policy": "this policy", **res})
-            rnd, _ = evaluate(shop, lambda: RandomPolicy(0), goals, max_steps=10)
+            rnd, _ = evaluate(shop, lambda: RandomPolicy(0), goals, max_steps=MAX_STEPS)
             evals.append({"name": f"{len(goals)} {split} goals", "policy": "random clicking",
                           "score": rnd.score, "success_rate": rnd.success_rate})
             print(f"greedy on {len(goals)} {split} goals: score {res['score']:.1f}, success "

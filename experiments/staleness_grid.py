@@ -45,8 +45,8 @@ DEFAULT_OUT = REPO / "experiments" / "runs"
 LAGS = (1, 2, 4, 8)
 FRACTIONS = (0.1, 0.25, 0.5)
 DATASETS = {  # name -> base config
-    "synthetic": REPO / "configs" / "default.yaml",
-    "webshop_small": REPO / "configs" / "webshop_small.yaml",
+    "synthetic": REPO / "configs" / "synthetic.yaml",
+    "webshop_small": REPO / "configs" / "default.yaml",
 }
 
 # Budgets. full: configs/default.yaml's budget (30 updates of N = 16, 8 train goals per member, the whole 211-goal
@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1,
                         help="run the grid as this many shard processes side by side (one per core)")
     parser.add_argument("--data", choices=sorted(DATASETS), default="synthetic",
-                        help="synthetic: the built-in shop (configs/default.yaml); webshop_small: ../shared data")
+                        help="synthetic: the built-in shop (configs/synthetic.yaml); webshop_small: WebShop's real "
+                             "1,000-product set (configs/default.yaml)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="extra config override for every run (applied last), e.g. model.source=random")
     parser.add_argument("--list", action="store_true", help="print this shard's runs and their state, then exit")

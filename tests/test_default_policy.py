@@ -36,8 +36,8 @@ def test_embedded_policy_is_a_small_hf_folder():
     assert template and "<|user|>" in render_chat(template, [{"role": "user", "content": "hi"}])
 
 
-def test_embedded_policy_loads_through_hf_path_and_beats_random():
-    from envs.webshop_bridge import RandomPolicy, evaluate, synthetic_shop
+def test_embedded_policy_loads_through_hf_path_and_beats_the_first_hit_rule_on_real_goals():
+    from envs.webshop_bridge import FirstHitPolicy, RandomPolicy, evaluate, load_webshop
     from esjax.agent.webshop import WebShopAgent
     from esjax.evaluate import evaluate_policy
     from esjax.model.params import param_count
@@ -47,35 +47,46 @@ def test_embedded_policy_loads_through_hf_path_and_beats_random():
     assert policy.config == embedded.config
     assert policy.config.model_type == "qwen2"
     assert 50_000 < param_count(policy.params) < 2_000_000
-    shop = synthetic_shop(500, seed=0)  # the default config's shop
-    goals = list(shop.split("test"))[:16]
+    shop = load_webshop("webshop_small")  # the default config's shop: real WebShop data
+    goals = list(shop.split("test"))[:100]
     result = evaluate_policy(policy.config, policy.params, WebShopAgent(policy.tokenizer, "compact"), shop, goals,
-                             max_steps=10)
-    random_result, _ = evaluate(shop, lambda: RandomPolicy(0), goals, max_steps=10)
-    assert result["score"] > random_result.score + 15
+                             max_steps=15)
+    random_result, _ = evaluate(shop, lambda: RandomPolicy(0), goals, max_steps=15)
+    first_hit, _ = evaluate(shop, lambda: FirstHitPolicy(options=False), goals, max_steps=15)
+    assert result["score"] > random_result.score + 30
+    assert result["score"] > first_hit.score
 
 
 def test_agent_encoding_matches_pretraining_encoding():
-    """The pretraining script encodes steps exactly as WebShopAgent.step_inputs does."""
-    from envs.webshop_bridge import WebShopTextEnv, oracle_actions, synthetic_shop
+    """The pretraining script records steps exactly as WebShopAgent.step_inputs encodes them."""
+    from envs.webshop_bridge import WebShopTextEnv, load_webshop
     from esjax.agent.webshop import EpisodeMemory, WebShopAgent, candidates_for, compact_prompt, page_kind
 
+    module = _pretrain_module()
     policy = load_policy("embedded")
     agent = WebShopAgent(policy.tokenizer, "compact")
-    shop = synthetic_shop(500, seed=0)
+    shop = load_webshop("webshop_small")
     goal = shop.split("train")[0]
+    steps, _, skipped = module.demonstrations(shop, [goal], hasty=0.0, seed=0)
+    assert skipped == 0 and steps
     env = WebShopTextEnv(shop)
     obs, _ = env.reset(goal)
     memory = EpisodeMemory(env.instruction)
-    for action in oracle_actions(shop, goal):
+    teacher = module.Teacher(env.goal, hasty=False)
+    recorded = iter(steps)
+    done = False
+    while not done:
         available = env.available_actions()
+        action = teacher.act(obs, available)
         prompt_ids, candidates, cand_ids = agent.step_inputs(obs, available, memory)
         assert prompt_ids == agent.encode_prompt(compact_prompt(obs, available, memory))
         assert [c.text for c in candidates] == [c.text for c in candidates_for(obs, available, memory)]
-        picked = next(c for c in candidates if c.action == action)
-        memory.record(page_kind(available), picked)
+        picked = next(i for i, c in enumerate(candidates) if c.action == action)
+        if len(candidates) > 1:
+            assert next(recorded) == (compact_prompt(obs, available, memory), [c.text for c in candidates], picked)
+        memory.record(page_kind(available), candidates[picked])
         obs, _, done, _ = env.step(action)
-    assert done
+    assert next(recorded, None) is None
 
 
 @pytest.mark.slow
