@@ -47,7 +47,10 @@ class Checkpointer:
         self.directory = Path(run_dir).absolute() / "checkpoints"
         options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                                enable_async_checkpointing=False)
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        try:
+            self.manager = ocp.CheckpointManager(self.directory, options=options)
+        except Exception as err:  # noqa: BLE001 - e.g. a read-only run directory, wrapped by orbax
+            raise StorageError(f"{self.directory}: cannot open the checkpoint folder ({_reason(err)})") from None
 
     def save(self, step: int, es_state: PyTree, loop_state: dict[str, Any]) -> None:
         """Write one checkpoint (blocking: the loop state must be on disk before work continues)."""

@@ -1,7 +1,9 @@
 """Run records: one JSON line per update or evaluation in ``metrics.jsonl``, optionally TensorBoard too.
 
 Records are flushed and fsynced as they are written, so the history of accepted work survives a crash
-up to the last record; on resume, records past the restored version are dropped (:func:`truncate_after`).
+up to the last record. A checkpoint remembers how many records had been written when it was taken; a resume
+keeps exactly those (:func:`truncate_records`) and the resumed run writes the rest again, so the file ends
+with one record per (kind, version) whatever the point of the crash.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,8 @@ class MetricsWriter:
     def __init__(self, run_dir: str | Path, tensorboard: bool = False):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        #: complete records in the file: those already there plus those written since
+        self.count = sum(1 for _ in _iter_records(self.path))
         self._file = self.path.open("a", encoding="utf-8")
         self._tb = None
         if tensorboard:
@@ -47,6 +52,7 @@ class MetricsWriter:
         self._file.write(json.dumps(record, sort_keys=True) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
+        self.count += 1
         if self._tb is not None:
             step = int(record.get("version", 0))
             prefix = record.get("kind", "train")
@@ -83,6 +89,25 @@ def truncate_after(path: str | Path, version: int) -> None:
     """Keep only records up to ``version`` (used when resuming from a checkpoint at that version)."""
     path = Path(path)
     kept: Iterable[dict[str, Any]] = [r for r in _iter_records(path) if int(r.get("version", 0)) <= version]
+    tmp = path.with_suffix(".jsonl.tmp")
+    with tmp.open("w", encoding="utf-8") as file:
+        for record in kept:
+            file.write(json.dumps(record, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def truncate_records(path: str | Path, count: int) -> None:
+    """Keep only the first ``count`` complete records (used when resuming from a checkpoint taken when
+    ``count`` records had been written; a torn line from a crash is dropped too)."""
+    path = Path(path)
+    kept = []
+    for record in _iter_records(path):
+        if len(kept) >= count:
+            break
+        kept.append(record)
+    if len(kept) < count:  # the file was edited or lost: keep what there is, the checkpoint still has θ
+        warnings.warn(f"{path}: the checkpoint counts {count} records, the file has only {len(kept)}; "
+                      "the missing history cannot be rewritten", RuntimeWarning, stacklevel=2)
     tmp = path.with_suffix(".jsonl.tmp")
     with tmp.open("w", encoding="utf-8") as file:
         for record in kept:

@@ -2,14 +2,24 @@
 
 One tick of the loop: refill free rollout slots with jobs from the coordinator (the schedule decides at
 which versions), let every live episode act (one batched policy call per live version), roll finished
-episodes up into member fitness, and report finished members to the coordinator, which accepts (lag ≤ K),
-holds or discards them and applies the jitted ES update as soon as a cohort is complete. Evaluations of
-the unperturbed θ run as extra greedy rows in the same ticks, so they never stop training rollouts.
+episodes up into member fitness, and report every finished member to the coordinator, which accepts
+(lag ≤ K), holds or discards them. Then, one at a time, each complete cohort comes back from the
+coordinator, the jitted ES update is applied to θ_t, the version advances, and that version gets its own
+update record, evaluation and checkpoint when the config asks for them (a cascade of updates in one tick
+is several such steps). Evaluations of the unperturbed θ run as extra greedy rows in the same ticks, so
+they never stop training rollouts.
 
 The tick loop is deterministic: a run is bit-identical when repeated, and a resumed run is bit-identical
-to an uninterrupted one — checkpoints hold θ of every version an in-flight episode needs, the
-coordinator's state (accepted-but-not-applied fitness, held results, counters) and each in-flight
-episode's trace, which is replayed on resume without calling the model.
+to an uninterrupted one. A checkpoint is taken only at a consistent point — every finished job of the
+tick reported, θ and the coordinator at the same version (a cascade's next complete cohort is part of the
+coordinator's state) — and holds θ of every version an in-flight episode needs, the coordinator's state
+(accepted-but-not-applied fitness, held results, counters), each in-flight episode's trace (replayed on
+resume without calling the model), evaluations in progress, and how many metrics records were written:
+a resume drops the records written after it and writes them again, so ``metrics.jsonl`` has exactly one
+record per (kind, version). When the run ends, every job still in flight, every held result and an
+unapplied cohort is cancelled (``dispatched == accepted + discarded + cancelled``), an ``end`` record
+carries the coordinator's final totals, and the last checkpoint is re-saved as finished: resuming a
+finished run changes nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ import contextlib
 import dataclasses
 import json
 import platform
+import shutil
 import sys
 import time
 from collections import Counter
@@ -37,13 +48,13 @@ from esjax.config import Config, ConfigError, config_to_yaml, load_config
 from esjax.es.noise import NoiseSpec, Scope
 from esjax.es.schedules import constant, cosine, linear
 from esjax.es.update import ESConfig
-from esjax.loop.coordinator import Coordinator, CoordinatorConfig
+from esjax.loop.coordinator import Coordinator, CoordinatorConfig, RejectedUpdate
 from esjax.loop.engine import ESUpdate
 from esjax.loop.rollout import Episode, RolloutEngine
 from esjax.loop.schedules import make_schedule
 from esjax.loop.tasks import hash_ints
 from esjax.loop.types import Job
-from esjax.metrics import MetricsWriter, read_metrics, truncate_after
+from esjax.metrics import MetricsWriter, read_metrics, truncate_after, truncate_records
 from esjax.progress import Progress
 
 CONFIG_FILE = "config.yaml"
@@ -121,15 +132,14 @@ def build_es_config(config: Config) -> ESConfig:
                     anchor_decay=es.anchor_decay)
 
 
-def build_coordinator(config: Config, train_size: int, es_update: ESUpdate | None,
-                      state: dict[str, Any] | None = None) -> Coordinator:
+def build_coordinator(config: Config, train_size: int, state: dict[str, Any] | None = None) -> Coordinator:
     s = config.schedule
     coord_config = CoordinatorConfig(population=config.es.population, max_lag=s.max_lag, seed=config.run.seed,
                                      train_size=train_size, tasks_per_member=config.env.tasks_per_member)
     schedule = make_schedule(s.kind, lag=s.lag, fraction=s.stale_fraction, max_lag=s.max_lag)
     if state is None:
-        return Coordinator(coord_config, schedule, es_update)
-    return Coordinator.from_state_dict(coord_config, schedule, state, es_update)
+        return Coordinator(coord_config, schedule)
+    return Coordinator.from_state_dict(coord_config, schedule, state)
 
 
 def run_metadata(config: Config) -> dict[str, Any]:
@@ -241,10 +251,16 @@ class Trainer:
         self.wall_offset = 0.0
         self.nonfinite_rejections = 0
         self.last_update_wall = 0.0
+        self.finished = False  # the run ended: everything left was cancelled and the end record written
+        self.restored_records: int | None = None  # metrics records a restored checkpoint had seen written
+        self.writer: MetricsWriter | None = None
+        self.checkpointer: Checkpointer | None = None
+        self._progress: Progress | None = None
 
     # ----------------------------------------------------------------------------------------- set-up
     def _es_update(self, state: Any) -> ESUpdate:
-        """The coordinator's update: on a multi-device mesh, the sharded program (θ stays sharded)."""
+        """The ES update the loop applies to each complete cohort: on a multi-device mesh, the sharded
+        program (θ stays sharded)."""
         update_fn = None
         if self.sharded is not None:
             state = self.sharded.place(state)
@@ -258,7 +274,7 @@ class Trainer:
         if self.sharded is not None:
             params = jax.device_put(params, self.sharded.shardings.params)
         self.es_update = self._es_update(init(self.es_config, params))
-        self.coord = build_coordinator(self.config, len(self.train_goals), self.es_update)
+        self.coord = build_coordinator(self.config, len(self.train_goals))
 
     def params_at(self, version: int) -> Any:
         if version in self.eval_params:
@@ -292,7 +308,11 @@ class Trainer:
             "evals": [ev.to_dict() for ev in self.evals.values()],
             "evaluated_versions": sorted(self.evaluated_versions),
             "next_eval_id": self.next_eval_id, "tick": self.tick_count, "busy_ticks": self.busy_ticks,
+            "since_update": {"ticks": self.ticks_since_update, "rows": self.rows_since_update,
+                             "tokens": self.tokens_since_update, "episodes": self.episodes_since_update},
             "wall_time": self.wall_time(), "nonfinite_rejections": self.nonfinite_rejections,
+            "metrics_records": self.writer.count if self.writer is not None else None,
+            "finished": self.finished,
         }
 
     def checkpoint_tree(self, saved_versions: list[int]) -> dict[str, Any]:
@@ -312,10 +332,17 @@ class Trainer:
         for v, p in saved.items():
             if v >= self.es_update.version - self.K:
                 self.es_update._params[v] = p  # θ of a live older version
-        self.coord = build_coordinator(self.config, len(self.train_goals), self.es_update, loop["coordinator"])
+        self.coord = build_coordinator(self.config, len(self.train_goals), loop["coordinator"])
         self.tick_count, self.busy_ticks = int(loop["tick"]), float(loop["busy_ticks"])
+        since = loop.get("since_update", {})
+        self.ticks_since_update, self.rows_since_update = int(since.get("ticks", 0)), int(since.get("rows", 0))
+        self.tokens_since_update = int(since.get("tokens", 0))
+        self.episodes_since_update = int(since.get("episodes", 0))
         self.wall_offset = float(loop["wall_time"])
         self.nonfinite_rejections = int(loop.get("nonfinite_rejections", 0))
+        records = loop.get("metrics_records")
+        self.restored_records = None if records is None else int(records)
+        self.finished = bool(loop.get("finished", False))
         self.evaluated_versions = set(loop["evaluated_versions"])
         self.next_eval_id = int(loop["next_eval_id"])
         jobs_by_id = {job.job_id: job for job in self.coord.in_flight_jobs()}
@@ -381,25 +408,52 @@ class Trainer:
                                   jp.job.tasks.sampling_seed, False)
 
     def _abandon_hopeless(self) -> None:
-        """Jobs older than t − K can never be accepted: stop them now instead of finishing wasted work."""
+        """Jobs older than t − K can never be accepted: stop them now instead of finishing wasted work
+        (discarded as 'abandoned'). Once the last update is applied, every job is cancelled."""
+        done = self.version >= self.config.run.updates
         floor = self.version - self.K
-        hopeless = [jid for jid, jp in self.jobs.items() if jp.job.member.version < floor]
-        if hopeless or self.version >= self.config.run.updates:
-            if self.version >= self.config.run.updates:
-                hopeless = list(self.jobs)
-            ids = set(hopeless)
-            self.engine.stop(lambda e: e.kind == "train" and e.owner in ids)
-            for jid in hopeless:
-                jp = self.jobs.pop(jid)
-                if self.version < self.config.run.updates:
-                    self.coord.abandon(jid, float(self.tick_count - jp.started_tick))
+        stop = sorted(jid for jid, jp in self.jobs.items() if done or jp.job.member.version < floor)
+        if not stop:
+            return
+        ids = set(stop)
+        self.engine.stop(lambda e: e.kind == "train" and e.owner in ids)
+        for jid in stop:
+            jp = self.jobs.pop(jid)
+            duration = float(self.tick_count - jp.started_tick)
+            if done:
+                self.coord.cancel(jid, duration)
+            else:
+                self.coord.abandon(jid, duration)
 
-    def _finish_update(self, record, writer: MetricsWriter, checkpointer: Checkpointer, progress: Progress) -> None:
+    def _write(self, record: dict[str, Any]) -> None:
+        self.writer.write(record)
+
+    def _apply_updates(self) -> None:
+        """Complete cohorts come back from the coordinator, one at a time: apply the ES update to θ_t, advance
+        the version, and give that version its own record, evaluation and checkpoint (a cascade of several
+        updates is several such steps). Called once every finished job of the tick has been reported."""
+        while self.version < self.config.run.updates:
+            cohort = self.coord.complete_cohort()
+            if cohort is None:
+                return
+            try:
+                metrics = self.es_update(cohort)
+            except RejectedUpdate as err:  # θ_t and the optimizer state are unchanged; t stays
+                self.coord.reject(str(err))
+                self._drain_rejections()
+                continue
+            self._finish_update(self.coord.advance(metrics))
+
+    def _finish_update(self, record) -> None:
+        version = record.version + 1  # the version this update produced
+        if version != self.version or version != self.es_update.version:
+            raise RuntimeError(f"update record for version {version}, but the coordinator is at {self.version} "
+                               f"and θ at {self.es_update.version}")
         summary = record.summary()
         now = self.wall_time()
         ticks = max(self.ticks_since_update, 1)
         lags = Counter(int(x) for x in record.cohort.lags)
-        out = {"kind": "update", **summary, "version": self.version, "wall_time": now, "tick": self.tick_count,
+        out = {"kind": "update", **summary, "version": version, "wall_time": now, "tick": self.tick_count,
                "lag_hist": {str(k): v for k, v in sorted(lags.items())},
                "slot_utilization": self.busy_ticks / ticks, "rows_per_tick": self.rows_since_update / ticks,
                "episodes_per_s": self.episodes_since_update / max(now - self.last_update_wall, 1e-9),
@@ -408,42 +462,55 @@ class Trainer:
                # rollout time (ticks) of each accepted member, in acceptance order: the measured
                # episode-duration distribution that experiments/wallclock.py feeds to the simulator
                "durations": [float(d) for d in record.cohort.durations]}
-        writer.write(out)
-        progress.update(self.version, out, self.coord.totals())
+        self._write(out)
+        self._progress.update(version, out, self.coord.totals())
         self.busy_ticks = 0.0
         self.ticks_since_update = self.rows_since_update = self.tokens_since_update = 0
         self.episodes_since_update = 0
         self.last_update_wall = now
-        if self.version % self.config.run.eval_every == 0 or self.version == self.config.run.updates:
-            self._start_eval(self.version)
-        if self.version % self.config.run.checkpoint_every == 0 or self.version == self.config.run.updates:
-            # Jobs dispatched before t - K can no longer be accepted and θ of their version is no longer kept:
-            # stop them before saving (the next tick would anyway), or the checkpoint asks for that θ.
-            self._abandon_hopeless()
-            loop = self.loop_state()
-            checkpointer.save(self.version, self.checkpoint_tree(loop["saved_versions"]), loop)
+        # Jobs dispatched before t - K can no longer be accepted (and θ of their version is no longer kept):
+        # stop them at every version, checkpointed or not, so checkpoints never change the run.
+        self._abandon_hopeless()
+        updates = self.config.run.updates
+        if version % self.config.run.eval_every == 0 or version == updates:
+            self._start_eval(version)
+        if version % self.config.run.checkpoint_every == 0 or version == updates:
+            self._save()
 
-    def _report(self, jid: int, writer, checkpointer, progress) -> None:
+    def _save(self) -> None:
+        """A checkpoint at the current version (only called at consistent points, see the module docstring)."""
+        loop = self.loop_state()
+        self.checkpointer.save(self.version, self.checkpoint_tree(loop["saved_versions"]), loop)
+
+    def _finish_run(self) -> None:
+        """Cancel what is left, write the end record with the coordinator's final totals and re-save the last
+        checkpoint as finished (a resume of a finished run then has nothing to do)."""
+        if self.finished:
+            return
+        totals = self.coord.close()
+        self._write({"kind": "end", **totals, "version": self.version, "tick": self.tick_count,
+                     "wall_time": self.wall_time(), "nonfinite_rejections": self.nonfinite_rejections})
+        self.finished = True
+        self._save()
+
+    def _report(self, jid: int) -> None:
         jp = self.jobs.pop(jid)
         rewards = [jp.rewards[p] for p in range(self.config.env.tasks_per_member)]
         fitness = float(np.mean(rewards))
-        result = jp.job.result(fitness, float(self.tick_count - jp.started_tick))
-        for record in self.coord.report(result):
-            self._finish_update(record, writer, checkpointer, progress)
-        self._drain_rejections(writer)
+        self.coord.report(jp.job.result(fitness, float(self.tick_count - jp.started_tick)))
 
-    def _event(self, writer: MetricsWriter, event: str, **fields: Any) -> None:
-        """An ``event`` record. Its ``version`` is t + 1 (it belongs to the history leading to the next
-        update), so a resume from the checkpoint at t drops it with everything else that comes after."""
-        writer.write({"kind": "event", "event": event, "version": self.version + 1, "at_version": self.version,
-                      "tick": self.tick_count, "wall_time": self.wall_time(), **fields})
+    def _event(self, event: str, **fields: Any) -> None:
+        """An ``event`` record (env faults, rejected updates); ``version`` is t + 1: it belongs to the history
+        leading to the next update."""
+        self._write({"kind": "event", "event": event, "version": self.version + 1, "at_version": self.version,
+                     "tick": self.tick_count, "wall_time": self.wall_time(), **fields})
 
-    def _drain_rejections(self, writer: MetricsWriter) -> None:
+    def _drain_rejections(self) -> None:
         """Updates the ES engine refused (θ would turn non-finite): θ and t were kept, the cohort dropped."""
         rejections, self.coord.rejections = self.coord.rejections, []
         for rejection in rejections:
             self.nonfinite_rejections += 1
-            self._event(writer, "nonfinite_update", rejected=self.nonfinite_rejections,
+            self._event("nonfinite_update", rejected=self.nonfinite_rejections,
                         members=len(rejection["members"]), reason=rejection["reason"])
             limit = max(1, self.config.run.max_nonfinite_updates)
             if self.nonfinite_rejections >= limit:
@@ -452,11 +519,17 @@ class Trainer:
                                  f"version {self.version}, the last checkpoint is intact")
 
     def run(self, writer: MetricsWriter, checkpointer: Checkpointer, progress: Progress) -> None:
+        self.writer, self.checkpointer, self._progress = writer, checkpointer, progress
         self._wall_start = time.perf_counter()
         self.last_update_wall = self.wall_time()
+        updates = self.config.run.updates
+        if self.finished and self.version < updates:  # resumed with a larger run.updates: go on
+            self.finished = False
+        if self.finished:
+            return
         if self.version == 0 and not self.evaluated_versions:
             self._start_eval(0)
-        updates = self.config.run.updates
+        self._apply_updates()  # a checkpoint taken inside a cascade holds the next complete cohort
         while self.version < updates or self.evals or self.jobs:
             self._abandon_hopeless()
             self._fill()
@@ -473,12 +546,14 @@ class Trainer:
             self.tokens_since_update += stats.tokens
             done_jobs = []
             for episode in finished:
-                self._episode_done(episode, done_jobs, writer)
-            for jid in sorted(done_jobs):
+                self._episode_done(episode, done_jobs)
+            for jid in sorted(done_jobs):  # every finished job is reported before any update is applied
                 if jid in self.jobs:
-                    self._report(jid, writer, checkpointer, progress)
+                    self._report(jid)
+            self._apply_updates()
+        self._finish_run()
 
-    def _episode_failed(self, episode: Episode, writer: MetricsWriter) -> None:
+    def _episode_failed(self, episode: Episode) -> None:
         """The env raised or hung in this episode: re-run it (same member, goal and sampling stream) up to
         ``env.max_retries`` times per job, then drop the job (counted by the coordinator as abandoned)."""
         retries = self.config.env.max_retries
@@ -490,10 +565,10 @@ class Trainer:
             ev.failures += 1
             if ev.failures <= retries:
                 ev.retry.append(episode.position)
-                self._event(writer, "env_fault", action="retry", **fields)
+                self._event("env_fault", action="retry", **fields)
             else:  # an evaluation episode past the retry limit scores 0
                 ev.rewards[episode.position] = 0.0
-                self._event(writer, "env_fault", action="scored_zero", **fields)
+                self._event("env_fault", action="scored_zero", **fields)
             return
         jp = self.jobs.get(episode.owner)
         if jp is None:
@@ -501,23 +576,23 @@ class Trainer:
         jp.failures += 1
         if jp.failures <= retries:
             jp.retry.append(episode.position)
-            self._event(writer, "env_fault", action="retry", **fields)
+            self._event("env_fault", action="retry", **fields)
             return
-        self._event(writer, "env_fault", action="drop_job", **fields)
+        self._event("env_fault", action="drop_job", **fields)
         self.engine.stop(lambda e: e.kind == "train" and e.owner == episode.owner)
         self.jobs.pop(episode.owner)
         self.coord.abandon(episode.owner, float(self.tick_count - jp.started_tick))
 
-    def _episode_done(self, episode: Episode, done_jobs: list[int], writer: MetricsWriter) -> None:
+    def _episode_done(self, episode: Episode, done_jobs: list[int]) -> None:
         if episode.failure is not None:
-            self._episode_failed(episode, writer)
+            self._episode_failed(episode)
             if episode.kind == "eval":
-                self._maybe_finish_eval(self.evals[episode.owner], writer)
+                self._maybe_finish_eval(self.evals[episode.owner])
             return
         if episode.kind == "eval":
             ev = self.evals[episode.owner]
             ev.rewards[episode.position] = episode.reward
-            self._maybe_finish_eval(ev, writer)
+            self._maybe_finish_eval(ev)
             return
         jp = self.jobs.get(episode.owner)
         if jp is None:
@@ -527,10 +602,10 @@ class Trainer:
         if len(jp.rewards) == self.config.env.tasks_per_member:
             done_jobs.append(episode.owner)
 
-    def _maybe_finish_eval(self, ev: Evaluation, writer: MetricsWriter) -> None:
+    def _maybe_finish_eval(self, ev: Evaluation) -> None:
         if ev.complete:
             record = ev.record(self.wall_time())
-            writer.write(record)
+            self._write(record)
             self.evals.pop(ev.eval_id)
             if not any(e.version == ev.version for e in self.evals.values()):
                 self.eval_params.pop(ev.version, None)
@@ -578,6 +653,11 @@ class TrainResult:
     version: int
     params: Any
     records: list[dict[str, Any]]
+    totals: dict[str, Any] = dataclasses.field(default_factory=dict)  # the coordinator's final totals
+
+
+class RunDirError(UserError):
+    """The run directory cannot be used (e.g. the path names a regular file)."""
 
 
 def storage_reason(err: OSError) -> str:
@@ -587,40 +667,93 @@ def storage_reason(err: OSError) -> str:
 
 
 def enable_compilation_cache(path: str | None) -> None:
-    """Reuse compiled programs across runs (an explicit JAX_COMPILATION_CACHE_DIR wins)."""
+    """Reuse compiled programs across runs (an explicit JAX_COMPILATION_CACHE_DIR wins). Best effort: a
+    cache folder that cannot be created (read-only home) only costs compile time."""
     import os
+    import warnings
 
     if path is None or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return
     folder = Path(path).expanduser()
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as err:
+        warnings.warn(f"run.compilation_cache: {path!r} cannot be used ({err.__class__.__name__}); compiling "
+                      "without a persistent cache", RuntimeWarning, stacklevel=2)
+        return
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
-def train(config: Config, run_dir: str | Path | None = None, resume: bool = False) -> TrainResult:
-    """Run (or resume) a training job and write its run directory; returns the final θ and records."""
-    enable_compilation_cache(config.run.compilation_cache)
-    run_dir = Path(run_dir or config.run.run_dir or default_run_dir(config))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if not resume:
-        (run_dir / CONFIG_FILE).write_text(config_to_yaml(config))
-        (run_dir / "run.json").write_text(json.dumps(run_metadata(config), indent=2))
-    trainer = Trainer(config, run_dir)
-    checkpointer = Checkpointer(run_dir, config.run.keep_checkpoints)
-    if resume and checkpointer.steps():
-        step = trainer.restore(checkpointer)
-        truncate_after(run_dir / "metrics.jsonl", step)
-    else:
+def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
+    """Make sure ``run_dir`` is a usable directory (creating it and its parents for a new run). Returns the
+    top-most folder this call created (removed again if the start fails), or None."""
+    what = "--resume" if resume else "--run-dir / run.run_dir"
+    try:
+        if run_dir.exists() and not run_dir.is_dir():
+            raise RunDirError(f"{run_dir}: the run directory ({what}) exists and is not a directory")
+        if run_dir.is_dir():
+            return None
         if resume:
-            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-        trainer.fresh()
-    writer = MetricsWriter(run_dir, config.run.tensorboard)
+            raise RunDirError(f"{run_dir}: the run directory ({what}) does not exist")
+        top = run_dir  # the top-most folder this call creates
+        while not top.parent.exists() and top.parent != top:
+            top = top.parent
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return top
+    except OSError as err:
+        raise StorageError(f"{run_dir}: cannot create the run directory ({what}): {storage_reason(err)}") from None
+    except ValueError as err:  # an embedded NUL byte and the like
+        raise RunDirError(f"{str(run_dir)[:200]!r}: not a usable run directory ({what}): {err}") from None
+
+
+def train(config: Config, run_dir: str | Path | None = None, resume: bool = False) -> TrainResult:
+    """Run (or resume) a training job and write its run directory; returns the final θ and records.
+
+    A start that fails (bad input found while building the parts, a run directory that cannot be written)
+    raises a one-line error and leaves no new run directory behind.
+    """
+    run_dir = Path(run_dir or config.run.run_dir or default_run_dir(config))
+    created = _prepare_run_dir(run_dir, resume)
+    checkpointer = writer = None
+    try:
+        enable_compilation_cache(config.run.compilation_cache)
+        if not resume:
+            (run_dir / CONFIG_FILE).write_text(config_to_yaml(config))
+            (run_dir / "run.json").write_text(json.dumps(run_metadata(config), indent=2))
+        trainer = Trainer(config, run_dir)
+        checkpointer = Checkpointer(run_dir, config.run.keep_checkpoints)
+        metrics_path = run_dir / "metrics.jsonl"
+        if resume and checkpointer.steps():
+            step = trainer.restore(checkpointer)
+            if trainer.restored_records is not None:  # drop what was written after the checkpoint
+                truncate_records(metrics_path, trainer.restored_records)
+            else:  # a checkpoint from before record counting
+                truncate_after(metrics_path, step)
+        else:
+            if resume:
+                metrics_path.unlink(missing_ok=True)
+            trainer.fresh()
+        writer = MetricsWriter(run_dir, config.run.tensorboard)
+    except BaseException as err:
+        for part in (writer, checkpointer):
+            if part is not None:
+                with contextlib.suppress(Exception):
+                    part.close()
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        if isinstance(err, OSError):
+            raise StorageError(f"{run_dir}: cannot write the run ({storage_reason(err)})") from None
+        raise
     progress = Progress(config.run.updates, enabled=config.run.progress)
-    trainer._progress = progress
     try:
         with progress, (jax.set_mesh(trainer.mesh) if trainer.mesh is not None else contextlib.nullcontext()):
             trainer.run(writer, checkpointer, progress)
+        records = read_metrics(run_dir / "metrics.jsonl")
+        from esjax.plots import write_plots, write_summary
+
+        write_plots(records, run_dir / "plots")
+        summary = write_summary(records, run_dir / "summary.md", f"{config.run.name}: {config.schedule.kind} ES")
     except OSError as err:  # a full or read-only disk under the run directory: stop, keep the last checkpoint
         raise StorageError(f"{run_dir}: cannot write the run ({storage_reason(err)}); stopped at version "
                            f"{trainer.version}, the last complete checkpoint is kept") from None
@@ -628,10 +761,5 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
         for close in (writer.close, checkpointer.close):
             with contextlib.suppress(OSError):
                 close()
-    records = read_metrics(run_dir / "metrics.jsonl")
-    from esjax.plots import write_plots, write_summary
-
-    write_plots(records, run_dir / "plots")
-    summary = write_summary(records, run_dir / "summary.md", f"{config.run.name}: {config.schedule.kind} ES")
     progress.final(summary, records)
-    return TrainResult(run_dir, trainer.version, trainer.es_update.state.params, records)
+    return TrainResult(run_dir, trainer.version, trainer.es_update.state.params, records, trainer.coord.totals())

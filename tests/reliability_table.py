@@ -84,6 +84,11 @@ def soak_section() -> str:
 
 NOT_COVERED = """## Scope and limits
 
+- **Resume** is checked from *every* checkpoint of async, controlled and all-stale runs
+  (`tests/test_trainer_resume.py`: final θ bit for bit, `metrics.jsonl` record for record, one record per
+  (kind, version)), so it does not depend on where a kill lands; the SIGKILL tests add real kills, at a
+  checkpoint and inside a save. A resume re-runs the ticks after its checkpoint: work done after the last
+  checkpoint is recomputed, not lost.
 - **Multi-host** is exercised at the level the trainer would use it: two `jax.distributed` CPU processes
   exchanging results every tick through `esjax.parallel.multihost`. The trainer itself refuses
   `mesh.distributed=true` for now (single host), so there is no 2-process *trainer* run to kill yet; a

@@ -64,8 +64,8 @@ def test_stale_cohorts_apply_each_members_own_noise_to_current_theta():
     sigma, lr = 0.1, 0.05
     config = es_update.ESConfig(noise=spec, sigma=sigma, scale=scale, shaping=shaping, learning_rate=lr)
     engine = _Recorder(ESUpdate(config, _params(), keep=3))
-    coord = Coordinator(CoordinatorConfig(4, 2, seed=1), Controlled(2, 0.5), engine)
-    report = simulate(coord, workers=3, durations=LogNormal(1.0), updates=5, fitness=HashFitness(7))
+    coord = Coordinator(CoordinatorConfig(4, 2, seed=1), Controlled(2, 0.5))
+    report = simulate(coord, workers=3, durations=LogNormal(1.0), updates=5, fitness=HashFitness(7), update=engine)
     assert any(record.cohort.lags.max() == 2 for record in report.records)  # stale members were applied
     after = engine.inner.state.params
     for record in report.records:
@@ -84,7 +84,8 @@ def test_async_es_descends_a_noisy_quadratic():
     config = es_update.ESConfig(noise=spec, sigma=0.1, scale="nes", shaping="centered_ranks", learning_rate=0.05)
     engine = ESUpdate(config, params, keep=3)
     fitness = QuadraticFitness(spec, 0.1, target, engine.params_at, shared_noise=0.1, member_noise=0.001)
-    coord = Coordinator(CoordinatorConfig(8, 2), Async(), engine)
-    simulate(coord, workers=8, durations=LogNormal(1.0), updates=40, fitness=fitness, keep_records=False)
+    coord = Coordinator(CoordinatorConfig(8, 2), Async())
+    simulate(coord, workers=8, durations=LogNormal(1.0), updates=40, fitness=fitness, keep_records=False,
+             update=engine)
     loss = float(jnp.mean((engine.state.params["w"] - 1.0) ** 2))
     assert engine.version == 40 and loss < 0.5

@@ -116,7 +116,7 @@ def test_coordinator_drops_a_rejected_cohort_and_keeps_counting():
     """The coordinator's side of a rejection, without a model: t kept, members discarded, state round-trips."""
     import json
 
-    from esjax.loop.coordinator import Coordinator, CoordinatorConfig, RejectedUpdate
+    from esjax.loop.coordinator import Coordinator, CoordinatorConfig, RejectedUpdate, apply_cohorts
     from esjax.loop.schedules import Async
     from esjax.loop.types import Result
 
@@ -129,12 +129,13 @@ def test_coordinator_drops_a_rejected_cohort_and_keeps_counting():
         applied.append(cohort.version)
         return {}
 
-    coord = Coordinator(CoordinatorConfig(2, 1), Async(), apply_update)
+    coord = Coordinator(CoordinatorConfig(2, 1), Async())
     records = []
     for _ in range(3):
         jobs = coord.next_jobs(2)
         for job in jobs:
-            records += coord.report(Result(job.job_id, job.member, 1.0 + job.job_id, 1.0))
+            coord.report(Result(job.job_id, job.member, 1.0 + job.job_id, 1.0))
+            records += apply_cohorts(coord, apply_update)
     totals = coord.totals()
     assert [r.version for r in records] == [0, 1] and applied == [0, 1] and coord.version == 2
     assert totals["rejected_updates"] == 1 and totals["discarded_by"]["rejected_update"] == 2

@@ -4,13 +4,13 @@ Rollout drivers talk to :class:`Coordinator` only through :class:`Job` (out) and
 ``esjax.loop.engine`` (imported on demand: it pulls in JAX) connects cohorts to the ES engine.
 """
 
-from esjax.loop.coordinator import Coordinator, CoordinatorConfig, CoordinatorState
+from esjax.loop.coordinator import Coordinator, CoordinatorConfig, CoordinatorState, RejectedUpdate, apply_cohorts
 from esjax.loop.schedules import AllStale, Async, Controlled, ExtremeLag, Schedule, Sync, make_schedule, stale_count
 from esjax.loop.tasks import TaskSampler
 from esjax.loop.types import Cohort, Job, Member, Result, TaskBatch, UpdateFn, UpdateRecord, Verdict
 
 __all__ = [
     "AllStale", "Async", "Cohort", "Controlled", "Coordinator", "CoordinatorConfig", "CoordinatorState",
-    "ExtremeLag", "Job", "Member", "Result", "Schedule", "Sync", "TaskBatch", "TaskSampler", "UpdateFn",
-    "UpdateRecord", "Verdict", "make_schedule", "stale_count",
+    "ExtremeLag", "Job", "Member", "RejectedUpdate", "Result", "Schedule", "Sync", "TaskBatch", "TaskSampler",
+    "UpdateFn", "UpdateRecord", "Verdict", "apply_cohorts", "make_schedule", "stale_count",
 ]

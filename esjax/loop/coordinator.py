@@ -8,13 +8,27 @@ It owns the version t of θ (updates applied so far) and is the only place where
 * **acceptance**: a finished result first goes to a *held* buffer; the schedule triages held results
   (accept now / hold back / discard). An accepted result with lag = t − v > K is discarded anyway, as is a
   non-finite fitness; discards are counted by reason together with their wasted rollout time.
-* **cohorts**: as soon as exactly N results are accepted, ``apply_update(cohort)`` applies one update to
-  the current θ_t with each member's own ``(v, i)`` noise, and t ← t + 1. Held results are triaged again
-  after every update (their lag just grew).
+* **cohorts**: as soon as exactly N results are accepted the cohort is *complete*. The coordinator stops
+  there and hands it out (:meth:`Coordinator.complete_cohort`); it never calls the update itself. The
+  driver applies the ES update to θ_t with each member's own ``(v, i)`` noise and then calls
+  :meth:`~Coordinator.advance` (t ← t + 1; held results are triaged again, their lag just grew, which may
+  complete the next cohort: a *cascade*, one update at a time) or :meth:`~Coordinator.reject`. Results
+  reported while a cohort waits for its update are held untriaged and triaged after it, in arrival order,
+  so the decisions are the same as if the update had been applied the moment the cohort completed.
+* **end of run**: :meth:`~Coordinator.close` cancels what is left (jobs in flight, held results, an open
+  cohort), so every dispatched job ends accepted (into an applied update), discarded (with a reason) or
+  cancelled: ``dispatched == accepted + discarded + cancelled``.
 
-It never looks at a clock or a thread: given the same sequence of ``next_jobs`` / ``report`` calls it
-makes the same decisions, and its whole state is a plain dataclass (:meth:`state_dict`) so a checkpoint
-keeps accepted-but-not-applied fitness, held results and every counter.
+The driver loop (see :func:`apply_cohorts` for the minimal one)::
+
+    coord.report(result)                         # for every finished job of a tick
+    while (cohort := coord.complete_cohort()) is not None:
+        metrics = es_update(cohort)              # θ_t -> θ_t+1 (or RejectedUpdate: coord.reject(...))
+        record = coord.advance(metrics)          # t + 1: evaluate / checkpoint at record.version + 1
+
+It never looks at a clock or a thread: given the same sequence of calls it makes the same decisions, and
+its whole state is a plain dataclass (:meth:`state_dict`) so a checkpoint keeps accepted-but-not-applied
+fitness (a complete cohort included), held results and every counter.
 """
 
 from __future__ import annotations
@@ -34,9 +48,10 @@ DISCARD_REASONS = ("too_stale", "schedule", "nonfinite", "abandoned", "rejected_
 
 
 class RejectedUpdate(ArithmeticError):
-    """Raised by an ``apply_update`` that refuses a cohort (e.g. the step would make θ non-finite) without
-    changing its state. The coordinator then keeps t, discards that cohort's members (``'rejected_update'``)
-    and records the rejection in :attr:`Coordinator.rejections`; the run goes on at the same version."""
+    """Raised by an update function that refuses a cohort (e.g. the step would make θ non-finite) without
+    changing its state. The driver then calls :meth:`Coordinator.reject`: t stays, that cohort's members are
+    discarded (``'rejected_update'``) and the rejection is recorded in :attr:`Coordinator.rejections`; the
+    run goes on at the same version."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +103,9 @@ class CoordinatorState:
     dispatched_at: dict[int, int] = dataclasses.field(default_factory=dict)  # version -> members dispatched
     in_flight: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)  # job id -> (v, i)
     held: list[Finished] = dataclasses.field(default_factory=list)  # finished, awaiting triage (FIFO)
-    cohort: list[Finished] = dataclasses.field(default_factory=list)  # accepted, not yet applied
+    # accepted, not yet applied; when it holds N members it is complete and waits for its update (held
+    # results are then untriaged until advance() / reject())
+    cohort: list[Finished] = dataclasses.field(default_factory=list)
     dispatched: int = 0
     completed: int = 0
     accepted: int = 0
@@ -96,7 +113,8 @@ class CoordinatorState:
     wasted_time: float = 0.0  # rollout time of discarded results
     accepted_time: float = 0.0  # rollout time of accepted results
     lag_hist: list[int] = dataclasses.field(default_factory=list)  # accepted lags 0..K
-    rejected_updates: int = 0  # cohorts whose update apply_update refused (RejectedUpdate)
+    rejected_updates: int = 0  # cohorts whose update was refused (RejectedUpdate -> reject())
+    cancelled: int = 0  # jobs / results the run ended without deciding on (close(), cancel())
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: int dict keys become strings, records become lists."""
@@ -124,6 +142,7 @@ class CoordinatorState:
             accepted_time=float(data["accepted_time"]),
             lag_hist=[int(x) for x in data["lag_hist"]],
             rejected_updates=int(data.get("rejected_updates", 0)),
+            cancelled=int(data.get("cancelled", 0)),
         )
 
 
@@ -135,20 +154,19 @@ def _finished(row: Any) -> Finished:
 class Coordinator:
     """Bounded-staleness ES bookkeeping, driven by ``next_jobs`` (dispatch) and ``report`` (results).
 
+    Pure bookkeeping: complete cohorts come back from :meth:`complete_cohort`; the driver applies each
+    update and calls :meth:`advance` (or :meth:`reject`). See the module docstring for the loop.
+
     Args:
       config: N, K, task-batch settings.
       schedule: a :class:`~esjax.loop.schedules.Schedule` (where to dispatch, which results to release).
-      apply_update: called with each complete :class:`Cohort`; ``None`` records cohorts without an update
-        (timing studies).
       state: a restored :class:`CoordinatorState` (resume), else a fresh one.
     """
 
-    def __init__(self, config: CoordinatorConfig, schedule: Any, apply_update: UpdateFn | None = None,
-                 state: CoordinatorState | None = None) -> None:
+    def __init__(self, config: CoordinatorConfig, schedule: Any, *, state: CoordinatorState | None = None) -> None:
         schedule.validate(config)
         self.config = config
         self.schedule = schedule
-        self.apply_update = apply_update
         self.state = state if state is not None else CoordinatorState(lag_hist=[0] * (config.max_lag + 1))
         if len(self.state.lag_hist) != config.max_lag + 1:
             raise ValueError(f"state has a lag histogram for K={len(self.state.lag_hist) - 1}, "
@@ -247,21 +265,48 @@ class Coordinator:
     def abandon(self, job_id: int, duration: float = 0.0) -> None:
         """Give up on an in-flight job (a worker died, the rollout was cancelled); counted as discarded
         ('abandoned') with ``duration`` wasted. Schedules then see the missing supply and re-dispatch."""
-        member = self.state.in_flight.pop(job_id, None)
-        if member is None:
-            raise ValueError(f"cannot abandon job {job_id}: it is not in flight")
-        self._decrement(self._inflight_by_version, member[0])
+        member = self._pop_in_flight(job_id, "abandon")
         self.state.completed += 1
         self._discard(Finished(job_id, member[0], member[1], math.nan, float(duration)), "abandoned")
 
-    # ---------------------------------------------------------------------------------------------------
-    # Results
-    # ---------------------------------------------------------------------------------------------------
-    def report(self, result: Result) -> list[UpdateRecord]:
-        """Take a finished job's fitness; returns the updates this triggered (usually none, sometimes several)."""
+    def cancel(self, job_id: int, duration: float = 0.0) -> None:
+        """Stop an in-flight job because the run ends (not a discard: nothing went wrong with it); counted
+        as ``cancelled``. ``duration`` is rollout time spent on it, counted as wasted."""
+        self._pop_in_flight(job_id, "cancel")
+        self.state.cancelled += 1
+        self.state.wasted_time += float(duration)
+
+    def close(self) -> dict[str, Any]:
+        """End of run: cancel every job still in flight, every held result and the open (unapplied) cohort,
+        whose members stop counting as accepted. Afterwards ``dispatched == accepted + discarded + cancelled``
+        and ``accepted`` is N per applied update. Returns :meth:`totals`."""
         state = self.state
-        if len(state.cohort) >= self.config.population:
-            raise RuntimeError("the open cohort is complete but its update failed; call retry_update() first")
+        for job_id in sorted(state.in_flight):
+            self.cancel(job_id)
+        for r in state.held:
+            state.cancelled += 1
+            state.wasted_time += r.duration
+        state.held = []
+        self._held_by_version.clear()
+        for r in self._unaccept_cohort():
+            state.cancelled += 1
+            state.wasted_time += r.duration
+        return self.totals()
+
+    def _pop_in_flight(self, job_id: int, what: str) -> tuple[int, int]:
+        member = self.state.in_flight.pop(job_id, None)
+        if member is None:
+            raise ValueError(f"cannot {what} job {job_id}: it is not in flight")
+        self._decrement(self._inflight_by_version, member[0])
+        return member
+
+    # ---------------------------------------------------------------------------------------------------
+    # Results and cohorts
+    # ---------------------------------------------------------------------------------------------------
+    def report(self, result: Result) -> None:
+        """Take a finished job's fitness. Bookkeeping only: if this completes a cohort, it waits in
+        :meth:`complete_cohort` for the driver's update; results reported meanwhile are held untriaged."""
+        state = self.state
         member = state.in_flight.get(result.job_id)
         if member is None:
             raise ValueError(f"result for job {result.job_id}, which is not in flight (unknown or reported twice)")
@@ -274,67 +319,94 @@ class Coordinator:
         finished = Finished(result.job_id, member[0], member[1], float(result.fitness), float(result.duration))
         if not math.isfinite(finished.fitness):
             self._discard(finished, "nonfinite")
-            return []
+            return
         state.held.append(finished)
         self._held_by_version[finished.version] += 1
-        return self._triage(len(state.held) - 1)
+        if not self._complete():
+            self._triage(len(state.held) - 1)
 
-    def _triage(self, start: int) -> list[UpdateRecord]:
-        """Triage held results from position ``start`` in arrival order; after an update, all of them.
+    def complete_cohort(self) -> Cohort | None:
+        """The complete cohort waiting for its update (exactly N accepted members, to be applied to θ_t), or
+        None. The driver applies it and then calls :meth:`advance` (or :meth:`reject`)."""
+        if not self._complete():
+            return None
+        rows = self.state.cohort
+        return Cohort(
+            version=self.state.version,
+            versions=np.array([r.version for r in rows], np.int64),
+            indices=np.array([r.index for r in rows], np.int64),
+            fitness=np.array([r.fitness for r in rows], np.float64),
+            durations=np.array([r.duration for r in rows], np.float64),
+        )
+
+    def advance(self, metrics: Mapping[str, Any] | None = None) -> UpdateRecord:
+        """The complete cohort's update was applied to θ_t: t ← t + 1, held results are triaged again (this
+        may complete the next cohort: check :meth:`complete_cohort` again). ``metrics``: the update's
+        metrics, kept in the returned record, whose totals are taken after that re-triage."""
+        cohort = self.complete_cohort()
+        if cohort is None:
+            raise RuntimeError(f"advance() at version {self.state.version}: no complete cohort "
+                               f"({len(self.state.cohort)} of {self.config.population} accepted)")
+        state = self.state
+        state.cohort = []
+        state.version += 1
+        floor = state.version - self.config.max_lag
+        for v in [v for v in state.dispatched_at if v < floor]:
+            del state.dispatched_at[v]
+        self._triage(0)
+        return UpdateRecord(cohort, dict(metrics or {}), self.totals())
+
+    def reject(self, reason: str) -> None:
+        """The complete cohort's update was refused (θ_t and the optimizer state unchanged): t stays, its
+        members are discarded ('rejected_update', un-counting their acceptance), the rejection is recorded
+        in :attr:`rejections`, and held results are triaged again."""
+        if not self._complete():
+            raise RuntimeError(f"reject() at version {self.state.version}: no complete cohort")
+        rows = self._unaccept_cohort()
+        for r in rows:
+            self._discard(r, "rejected_update")
+        self.state.rejected_updates += 1
+        self.rejections.append({"version": self.state.version, "members": [[r.version, r.index] for r in rows],
+                                "reason": reason})
+        self._triage(0)
+
+    def _complete(self) -> bool:
+        return len(self.state.cohort) >= self.config.population
+
+    def _triage(self, start: int) -> None:
+        """Triage held results from position ``start`` in arrival order, stopping when a cohort completes
+        (the rest waits for :meth:`advance` / :meth:`reject`, which triage again from the start).
 
         Contract with schedules: a verdict may change only when t changes, so a new result is triaged
         on arrival and every held result again after every update (each lag just grew by one).
         """
-        records: list[UpdateRecord] = []
         state = self.state
         pos = start
-        while pos < len(state.held):
+        while pos < len(state.held) and not self._complete():
             finished = state.held[pos]
             lag = state.version - finished.version
             verdict = Verdict.DISCARD if lag > self.config.max_lag else self.schedule.triage(self, finished)
             if verdict is Verdict.HOLD:
                 pos += 1
                 continue
+            if verdict is not Verdict.ACCEPT and verdict is not Verdict.DISCARD:
+                raise TypeError(f"schedule {self.schedule!r} returned {verdict!r}, not a Verdict")
             del state.held[pos]
             self._decrement(self._held_by_version, finished.version)
             if verdict is Verdict.DISCARD:
                 self._discard(finished, "too_stale" if lag > self.config.max_lag else "schedule")
-                continue
-            if verdict is not Verdict.ACCEPT:
-                raise TypeError(f"schedule {self.schedule!r} returned {verdict!r}, not a Verdict")
-            self._accept(finished, lag)
-            if len(state.cohort) == self.config.population:
-                try:
-                    records.append(self._apply())
-                except RejectedUpdate as err:
-                    self._reject_cohort(str(err))
-                pos = 0
-        return records
+            else:
+                self._accept(finished, lag)
 
-    def retry_update(self) -> list[UpdateRecord]:
-        """Apply the complete cohort whose ``apply_update`` raised (the cohort was kept), then re-triage."""
-        if len(self.state.cohort) < self.config.population:
-            return []
-        try:
-            records = [self._apply()]
-        except RejectedUpdate as err:
-            self._reject_cohort(str(err))
-            records = []
-        return records + self._triage(0)
-
-    def _reject_cohort(self, reason: str) -> None:
-        """Drop the open (complete) cohort whose update was refused: t stays, its members are discarded
-        ('rejected_update', un-counting their acceptance) and the rejection is recorded."""
+    def _unaccept_cohort(self) -> list[Finished]:
+        """Empty the open cohort, un-counting its members' acceptance (rejected or cancelled cohorts)."""
         state = self.state
         rows, state.cohort = state.cohort, []
         for r in rows:
             state.accepted -= 1
             state.accepted_time -= r.duration
             state.lag_hist[state.version - r.version] -= 1
-            self._discard(r, "rejected_update")
-        state.rejected_updates += 1
-        self.rejections.append({"version": state.version, "members": [[r.version, r.index] for r in rows],
-                                "reason": reason})
+        return rows
 
     def _accept(self, finished: Finished, lag: int) -> None:
         state = self.state
@@ -346,24 +418,6 @@ class Coordinator:
     def _discard(self, finished: Finished, reason: str) -> None:
         self.state.discarded[reason] += 1
         self.state.wasted_time += finished.duration
-
-    def _apply(self) -> UpdateRecord:
-        state = self.state
-        rows = state.cohort
-        cohort = Cohort(
-            version=state.version,
-            versions=np.array([r.version for r in rows], np.int64),
-            indices=np.array([r.index for r in rows], np.int64),
-            fitness=np.array([r.fitness for r in rows], np.float64),
-            durations=np.array([r.duration for r in rows], np.float64),
-        )
-        metrics = self.apply_update(cohort) if self.apply_update is not None else None
-        state.cohort = []
-        state.version += 1
-        floor = state.version - self.config.max_lag
-        for v in [v for v in state.dispatched_at if v < floor]:
-            del state.dispatched_at[v]
-        return UpdateRecord(cohort, dict(metrics or {}), self.totals())
 
     @staticmethod
     def _decrement(counter: collections.Counter, key: int) -> None:
@@ -392,6 +446,7 @@ class Coordinator:
             "lag_hist": list(s.lag_hist),
             "stale_fraction": 1.0 - s.lag_hist[0] / s.accepted if s.accepted else 0.0,
             "rejected_updates": s.rejected_updates,
+            "cancelled": s.cancelled,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -399,6 +454,28 @@ class Coordinator:
         return self.state.to_dict()
 
     @classmethod
-    def from_state_dict(cls, config: CoordinatorConfig, schedule: Any, data: Mapping[str, Any],
-                        apply_update: UpdateFn | None = None) -> Coordinator:
-        return cls(config, schedule, apply_update, CoordinatorState.from_dict(data))
+    def from_state_dict(cls, config: CoordinatorConfig, schedule: Any, data: Mapping[str, Any]) -> Coordinator:
+        return cls(config, schedule, state=CoordinatorState.from_dict(data))
+
+
+def apply_cohorts(coord: Coordinator, update: UpdateFn | None = None, *,
+                  until: int | None = None) -> list[UpdateRecord]:
+    """The minimal driver step: apply every complete cohort in turn (a cascade one update at a time).
+
+    ``update(cohort)`` applies the ES update to θ_t and returns its metrics (``None``: bookkeeping only, for
+    timing studies); a :class:`RejectedUpdate` becomes :meth:`Coordinator.reject`, any other exception
+    propagates with the cohort kept (call again to retry). Stops once t reaches ``until``. Returns the
+    records of the updates applied, in order.
+    """
+    records: list[UpdateRecord] = []
+    while until is None or coord.version < until:
+        cohort = coord.complete_cohort()
+        if cohort is None:
+            break
+        try:
+            metrics = update(cohort) if update is not None else None
+        except RejectedUpdate as err:
+            coord.reject(str(err))
+            continue
+        records.append(coord.advance(metrics))
+    return records

@@ -1,8 +1,9 @@
 """Glue between the coordinator and the ES engine, and a JAX surrogate fitness for the simulator.
 
-:class:`ESUpdate` is the coordinator's ``apply_update``: it hands each cohort's accepted
-``(versions, indices, fitness)`` to :func:`esjax.es.update.update` on the *current* ES state (θ_t), so
-stale members contribute their own regenerated noise with no correction. It also keeps θ of the last few
+:class:`ESUpdate` is the update function a driver applies to each complete cohort the coordinator hands
+out (:class:`~esjax.loop.types.UpdateFn`; see :func:`esjax.loop.coordinator.apply_cohorts`): it hands the
+cohort's accepted ``(versions, indices, fitness)`` to :func:`esjax.es.update.update` on the *current* ES
+state (θ_t), so stale members contribute their own regenerated noise with no correction. It also keeps θ of the last few
 versions, because the rollout side (and :class:`QuadraticFitness`) evaluates members at their dispatch
 version. The ES engine is imported lazily so the rest of the loop works without it.
 """
@@ -34,7 +35,10 @@ def _es_update_module():
 
 
 class ESUpdate:
-    """``apply_update`` backed by the ES engine; keeps θ of versions t − keep + 1 … t.
+    """An :class:`~esjax.loop.types.UpdateFn` backed by the ES engine; keeps θ of versions t − keep + 1 … t.
+
+    Raises :class:`~esjax.loop.coordinator.RejectedUpdate` (state unchanged) when the step would make θ
+    non-finite; the driver then calls ``Coordinator.reject``.
 
     Args:
       config: an ``esjax.es.update.ESConfig``.

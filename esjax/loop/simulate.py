@@ -23,9 +23,9 @@ from typing import Protocol
 
 import numpy as np
 
-from esjax.loop.coordinator import Coordinator
+from esjax.loop.coordinator import Coordinator, apply_cohorts
 from esjax.loop.tasks import hash_uniform
-from esjax.loop.types import Job, UpdateRecord
+from esjax.loop.types import Job, UpdateFn, UpdateRecord
 
 # ---------------------------------------------------------------------------------------------------------
 # Episode-duration distributions
@@ -193,8 +193,11 @@ class SimReport:
 
 def simulate(coordinator: Coordinator, *, workers: int, durations: Durations, updates: int,
              fitness: FitnessFn | None = None, seed: int = 0, update_time: float = 0.0,
-             keep_records: bool = True, max_jobs: int | None = None) -> SimReport:
+             keep_records: bool = True, max_jobs: int | None = None, update: UpdateFn | None = None) -> SimReport:
     """Run ``coordinator`` until it has applied ``updates`` more updates, on ``workers`` virtual slots.
+
+    ``update``: applies each complete cohort to θ (e.g. :class:`esjax.loop.engine.ESUpdate`); None records
+    cohorts without an update (timing studies).
 
     Raises RuntimeError if the schedule stalls (nothing in flight and nothing dispatched) or if more
     than ``max_jobs`` jobs were started (default 1000·N + 10·updates·N).
@@ -257,8 +260,8 @@ def simulate(coordinator: Coordinator, *, workers: int, durations: Durations, up
         finish, _, job, value, duration, _ = heapq.heappop(heap)
         clock = finish
         busy += duration
-        new = coord.report(job.result(value, duration))
-        for record in new:
+        coord.report(job.result(value, duration))
+        for record in apply_cohorts(coord, update, until=target):
             ready = max(ready, clock) + update_time
             update_times.append(ready)
             if keep_records:

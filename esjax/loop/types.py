@@ -88,8 +88,10 @@ class Cohort:
 class UpdateFn(Protocol):
     """Applies one ES update for a cohort to the current θ_t; returns metrics (or None).
 
-    The coordinator calls it exactly once per complete cohort, before it increments t. If it raises,
-    the coordinator's state is unchanged (the cohort is kept), so a caller can retry or checkpoint.
+    The driver calls it once per complete cohort (``Coordinator.complete_cohort``), then
+    ``Coordinator.advance`` (t + 1). The coordinator never calls it. If it raises, nothing changed: the
+    cohort stays complete in the coordinator, so a caller can retry or checkpoint; raising
+    ``RejectedUpdate`` means "refused" (the driver calls ``Coordinator.reject``).
     """
 
     def __call__(self, cohort: Cohort) -> Mapping[str, Any] | None: ...
@@ -97,7 +99,8 @@ class UpdateFn(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class UpdateRecord:
-    """What one update did: its cohort, the engine's metrics and the coordinator's running totals."""
+    """What one update did: its cohort (``version`` = the θ it was applied to; it produced ``version + 1``),
+    the engine's metrics and the coordinator's running totals right after it (held results re-triaged)."""
 
     cohort: Cohort
     metrics: Mapping[str, Any]

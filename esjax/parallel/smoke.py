@@ -98,7 +98,7 @@ def deterministic_run(mesh: Any, *, updates: int = 3, population: int = 4, max_l
     import jax
     import jax.numpy as jnp
 
-    from esjax.loop.coordinator import Coordinator, CoordinatorConfig
+    from esjax.loop.coordinator import Coordinator, CoordinatorConfig, apply_cohorts
     from esjax.loop.engine import ESUpdate
     from esjax.loop.schedules import Async
     from esjax.model.params import init_params
@@ -113,7 +113,7 @@ def deterministic_run(mesh: Any, *, updates: int = 3, population: int = 4, max_l
     params = init_params(cfg, jax.random.key(seed))
     engine = ESUpdate(es_config, state=sharded.init(params), keep=max_lag + 1, update_fn=sharded.update_fn)
     coord = Coordinator(CoordinatorConfig(population, max_lag, seed=seed, train_size=100, tasks_per_member=2),
-                        Async(), engine)
+                        Async())
 
     def score(logits, tokens, mask):
         logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
@@ -152,7 +152,8 @@ def deterministic_run(mesh: Any, *, updates: int = 3, population: int = 4, max_l
         for res in exchange_results(due, capacity):
             if coord.version >= updates:
                 break
-            records.extend(coord.report(res))
+            coord.report(res)
+            records.extend(apply_cohorts(coord, engine, until=updates))
         tick += 1
 
     if checkpoint_dir is not None:
