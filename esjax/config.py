@@ -2,17 +2,28 @@
 
 Every user mistake (unknown key, wrong type, impossible combination, missing model folder) becomes a
 :class:`ConfigError` whose one-line message names the file, the dotted key and what was expected, so the
-CLI can print it and exit non-zero without a traceback.
+CLI can print it and exit non-zero without a traceback:
+
+* types are strict: no string → number, bool → int or float → int coercion (``updates: '12'``,
+  ``updates: true`` and ``population: 8.0`` are errors); floats must be finite; sizes have upper bounds;
+* YAML is read as YAML 1.2 numbers (``1e-3`` is a float, not a string), duplicated keys are errors, and
+  so are an empty file, bytes that are not UTF-8 and an ``extends:`` naming a missing file;
+* a key inherited through ``extends:`` is blamed on the file that set it; a ``--set`` override on itself;
+* regular expressions are compiled and schedule parameter combinations checked here, before anything runs.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+MAX_SEED = 2**32 - 1
+Patterns = Annotated[tuple[str, ...], Field(strict=False)]  # a YAML list becomes the tuple
 
 
 class ConfigError(ValueError):
@@ -32,18 +43,19 @@ def _path_problem(text: str, want: str) -> str | None:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class RunSection(_Section):
     """What the job is: seed, length, cadence of evaluation and checkpoints, where it writes."""
 
     name: str = "esjax"
-    seed: int = 0
-    updates: int = Field(20, ge=1, description="number of ES updates to apply")
-    eval_every: int = Field(10, ge=1, description="evaluate the unperturbed policy every E updates")
-    checkpoint_every: int = Field(5, ge=1, description="orbax checkpoint every C updates (and at the end)")
-    keep_checkpoints: int = Field(3, ge=1)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    updates: int = Field(20, ge=1, le=10_000_000, description="number of ES updates to apply")
+    eval_every: int = Field(10, ge=1, le=10_000_000, description="evaluate the unperturbed policy every E updates")
+    checkpoint_every: int = Field(5, ge=1, le=10_000_000,
+                                  description="orbax checkpoint every C updates (and at the end)")
+    keep_checkpoints: int = Field(3, ge=1, le=100_000)
     run_dir: str | None = Field(None, description="default: runs/<name>-<timestamp>")
     deterministic: bool = Field(True, description="fixed tick order: bit-identical reruns")
     tensorboard: bool = False
@@ -51,8 +63,9 @@ class RunSection(_Section):
     compilation_cache: str | None = Field(
         "~/.cache/esjax/xla", description="persistent XLA compilation cache (null: off); reruns start faster")
     max_nonfinite_updates: int = Field(
-        10, ge=0, description="an update that would make θ non-finite is rejected (θ kept, cohort dropped, "
-                              "event logged); the run stops once this many were rejected (0: at the first)")
+        10, ge=0, le=10_000_000,
+        description="an update that would make θ non-finite is rejected (θ kept, cohort dropped, event logged); "
+                    "the run stops once this many were rejected (0: at the first)")
 
 
 class ModelSection(_Section):
@@ -79,10 +92,10 @@ class ModelSection(_Section):
 class ESSection(_Section):
     """The ES estimator and step."""
 
-    population: int = Field(8, ge=2, description="N: accepted members per update")
+    population: int = Field(8, ge=2, le=100_000, description="N: accepted members per update")
     antithetic: bool = True
     mode: Literal["full", "lowrank"] = "lowrank"
-    rank: int = Field(1, ge=1)
+    rank: int = Field(1, ge=1, le=65_536)
     sigma: float = Field(0.02, gt=0)
     sigma_final: float | None = Field(None, gt=0, description="end value for linear/cosine schedules")
     sigma_schedule: Literal["constant", "linear", "cosine"] = "constant"
@@ -93,11 +106,18 @@ class ESSection(_Section):
     weight_decay: float = Field(0.0, ge=0)
     anchor_decay: float = Field(0.0, ge=0, description="decay toward the initial weights")
     scope: Literal["matrices", "all"] = "matrices"
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
+    include: Patterns = Field((), description="regular expressions searched in parameter paths")
+    exclude: Patterns = ()
 
     @model_validator(mode="after")
     def _check(self) -> ESSection:
+        for key in ("include", "exclude"):
+            for i, pattern in enumerate(getattr(self, key)):
+                try:
+                    re.compile(pattern)
+                except re.error as err:
+                    raise ValueError(f"es.{key}: {pattern[:100]!r} (item {i}) is not a valid regular expression "
+                                     f"({err})") from None
         if self.antithetic and self.population % 2:
             raise ValueError(f"es.population: must be even with es.antithetic=true, got {self.population}")
         if self.sigma_schedule != "constant" and self.sigma_final is None:
@@ -109,17 +129,36 @@ class ScheduleSection(_Section):
     """How fitness is gathered: sync barrier, natural async, controlled staleness, stress tests."""
 
     kind: Literal["sync", "async", "controlled", "all_stale", "extreme_lag"] = "async"
-    max_lag: int = Field(1, ge=0, description="K: accept a fitness measured at version v iff t - v <= K")
-    lag: int = Field(0, ge=0, description="k for controlled / all_stale")
-    stale_fraction: float = Field(0.0, ge=0, le=1, description="p for controlled")
-    slots: int = Field(8, ge=1, description="concurrent member rollouts (G workers)")
+    max_lag: int = Field(1, ge=0, le=100_000, description="K: accept a fitness measured at version v iff "
+                                                           "t - v <= K (extreme_lag: delays are drawn in 1..K)")
+    lag: int = Field(0, ge=0, le=100_000, description="k for controlled / all_stale")
+    stale_fraction: float = Field(0.0, ge=0, le=1, description="p for controlled (and extreme_lag)")
+    slots: int = Field(8, ge=1, le=100_000, description="concurrent member rollouts (G workers)")
 
     @model_validator(mode="after")
     def _check(self) -> ScheduleSection:
-        if self.kind in ("controlled", "all_stale") and self.lag > self.max_lag:
-            raise ValueError(f"schedule.lag: {self.lag} exceeds schedule.max_lag={self.max_lag}")
-        if self.kind == "all_stale" and self.lag < 1:
-            raise ValueError("schedule.lag: all_stale needs lag >= 1")
+        kind = self.kind
+        if kind in ("controlled", "all_stale"):
+            if self.lag < 1:
+                raise ValueError(f"schedule.lag: {kind} needs lag k >= 1, got {self.lag}")
+            if self.lag > self.max_lag:
+                raise ValueError(f"schedule.lag: {self.lag} exceeds schedule.max_lag={self.max_lag}")
+        elif self.lag != 0:
+            raise ValueError(f"schedule.lag: only controlled and all_stale use a lag k, not {kind} (got {self.lag})")
+        if kind == "controlled" and not 0 < self.stale_fraction <= 1:
+            raise ValueError(f"schedule.stale_fraction: controlled needs 0 < p <= 1, got {self.stale_fraction}")
+        if kind == "all_stale" and self.stale_fraction not in (0.0, 1.0):
+            raise ValueError(f"schedule.stale_fraction: all_stale has p = 1 by definition, got {self.stale_fraction}")
+        if kind == "extreme_lag":
+            if not 0 < self.stale_fraction < 1:
+                raise ValueError(f"schedule.stale_fraction: extreme_lag needs 0 < p < 1 (with every member delayed "
+                                 f"no cohort could start), got {self.stale_fraction}")
+            if self.max_lag < 1:
+                raise ValueError(f"schedule.max_lag: extreme_lag draws delays in 1..max_lag, so it needs "
+                                 f"max_lag >= 1, got {self.max_lag}")
+        if kind in ("sync", "async") and self.stale_fraction != 0:
+            raise ValueError(f"schedule.stale_fraction: only controlled and extreme_lag use p, not {kind} "
+                             f"(got {self.stale_fraction})")
         return self
 
 
@@ -128,24 +167,25 @@ class EnvSection(_Section):
 
     data: str = Field("synthetic", description="'synthetic', 'webshop_small' (the packaged real 1,000-product set) "
                                                "or a folder with WebShop data files")
-    num_products: int = Field(300, ge=10, description="synthetic catalog size")
-    catalog_seed: int = 0
-    tasks_per_member: int = Field(4, ge=1, description="goals in each version's task batch")
-    max_steps: int = Field(10, ge=1, description="episode step cap")
-    eval_goals: int = Field(200, ge=1, description="held-out goals per evaluation")
+    num_products: int = Field(300, ge=10, le=10_000_000, description="synthetic catalog size")
+    catalog_seed: int = Field(0, ge=0, le=MAX_SEED)
+    tasks_per_member: int = Field(4, ge=1, le=100_000, description="goals in each version's task batch")
+    max_steps: int = Field(10, ge=1, le=100_000, description="episode step cap")
+    eval_goals: int = Field(200, ge=1, le=1_000_000, description="held-out goals per evaluation")
     eval_split: Literal["test", "eval", "train"] = "test"
     step_timeout_s: float | None = Field(
         60.0, gt=0, description="an env step taking longer fails its episode (null: no limit); failed "
                                 "episodes (timeouts or exceptions) are re-run up to env.max_retries times")
-    max_retries: int = Field(2, ge=0, description="re-runs of a member's failed episodes before its job is "
+    max_retries: int = Field(2, ge=0, le=1_000, description="re-runs of a member's failed episodes before its job is "
                                                   "dropped (counted as 'abandoned')")
 
     @model_validator(mode="after")
     def _check(self) -> EnvSection:
         from envs.webshop_bridge.shop import PACKAGED_DATA
 
-        if self.data not in ("synthetic", *PACKAGED_DATA) and _path_problem(self.data, "any") is not None:
-            raise ValueError(f"env.data: {self.data[:200]!r} {_path_problem(self.data, 'any')} "
+        if self.data not in ("synthetic", *PACKAGED_DATA) and _path_problem(self.data, "dir") is not None:
+            problem = _path_problem(self.data, "any") or "is not a directory"
+            raise ValueError(f"env.data: {self.data[:200]!r} {problem} "
                              f"(expected 'synthetic', {', '.join(map(repr, PACKAGED_DATA))} or a data folder)")
         return self
 
@@ -157,20 +197,25 @@ class AgentSection(_Section):
         "auto", description="compact one-line state, or the full observation in the chat template; "
                             "auto = chat when the model has a chat template and is not the embedded policy")
     temperature: float = Field(1.0, ge=0, description="sampling temperature over candidate scores; 0 = greedy")
-    max_prompt_tokens: int = Field(512, ge=16)
-    max_candidate_tokens: int = Field(32, ge=1)
+    max_prompt_tokens: int = Field(512, ge=16, le=1_048_576)
+    max_candidate_tokens: int = Field(24, ge=1, le=65_536, description="longer candidate descriptions keep their head")
+    score_norm: Literal["mean", "sum"] = Field(
+        "mean", description="compare candidates by mean per-token log-likelihood (mean) or its sum (sum: "
+                            "favours short candidates such as 'next page')")
 
 
 class MeshSection(_Section):
     """Device mesh ('data', 'model'); 0 means all devices on that axis."""
 
-    data: int = Field(0, ge=0)
-    model: int = Field(1, ge=1)
+    data: int = Field(0, ge=0, le=1_000_000)
+    model: int = Field(1, ge=1, le=1_000_000)
     distributed: bool = Field(False, description="call jax.distributed.initialize from the environment")
 
 
 class Config(_Section):
     """A whole run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)  # sections come in as dicts
 
     run: RunSection = RunSection()
     model: ModelSection = ModelSection()
@@ -180,10 +225,78 @@ class Config(_Section):
     agent: AgentSection = AgentSection()
     mesh: MeshSection = MeshSection()
 
+    @model_validator(mode="after")
+    def _check(self) -> Config:
+        s, n = self.schedule, self.es.population
+        if s.kind == "controlled" and int(s.stale_fraction * n + 0.5) < 1:  # schedules.stale_count
+            raise ValueError(f"schedule.stale_fraction: p = {s.stale_fraction} with es.population={n} gives "
+                             f"round(p·N) = 0 stale members per cohort (controlled needs at least one)")
+        episodes = s.slots * self.env.tasks_per_member
+        if episodes > MAX_CONCURRENT_EPISODES:
+            raise ValueError(f"schedule.slots: {s.slots} slots × env.tasks_per_member={self.env.tasks_per_member} "
+                             f"= {episodes:,} concurrent episodes, more than {MAX_CONCURRENT_EPISODES:,}")
+        return self
+
+
+MAX_CONCURRENT_EPISODES = 10_000_000
+
 
 # ---------------------------------------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------------------------------------
+
+Origins = dict[tuple[str, ...], str]  # key path -> the file (or --set) that set it
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe YAML with YAML 1.2 numbers: ``1e-3`` and ``1E5`` are floats (YAML 1.1 wants a dot)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def _duplicate_key(node: yaml.Node, path: tuple[str, ...] = ()) -> tuple[str, int] | None:
+    """(dotted key, line) of the first key set twice in one mapping, or None."""
+    if isinstance(node, yaml.MappingNode):
+        seen: set[Any] = set()
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            if key is not None and key != "<<":
+                if key in seen:
+                    return ".".join((*path, str(key))), key_node.start_mark.line + 1
+                seen.add(key)
+            found = _duplicate_key(value_node, (*path, str(key)))
+            if found:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            found = _duplicate_key(item, (*path, str(i)))
+            if found:
+                return found
+    return None
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    """One YAML document (None when empty); a key set twice in a mapping is an error."""
+    loader = None
+    try:
+        loader = _Loader(text)  # the reader already rejects non-printable characters
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        duplicate = _duplicate_key(node)
+        if duplicate is not None:
+            raise ConfigError(f"{source}: duplicated key {duplicate[0]!r} (line {duplicate[1]}); each key may be "
+                              "set once")
+        return loader.construct_document(node)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{source}: not valid YAML{where}") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, source: str) -> None:
@@ -204,36 +317,53 @@ def parse_override(text: str) -> tuple[str, Any]:
     key, raw = text.split("=", 1)
     if not key.strip():
         raise ConfigError(f"--set {text!r}: empty key")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as err:
-        raise ConfigError(f"--set {text!r}: value is not valid YAML ({err.__class__.__name__})") from err
+    value = _load_yaml(raw, f"--set {text!r}") if raw.strip() else ""
     return key.strip(), value
 
 
-def _format_validation_error(err: ValidationError, source: str) -> str:
+def _blame(key: tuple[str, ...], origins: Origins, default: str) -> str:
+    """The file (or --set) that set ``key`` or its closest enclosing section; ``default`` when none did."""
+    for n in range(len(key), 0, -1):
+        if key[:n] in origins:
+            return origins[key[:n]]
+    return default
+
+
+def _format_validation_error(err: ValidationError, source: str, origins: Origins | None = None) -> str:
+    origins = origins or {}
     first = err.errors()[0]
-    loc = ".".join(str(part) for part in first["loc"])
+    path = tuple(str(part) for part in first["loc"])
+    loc = ".".join(path)
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
-        return f"{source}: unknown key {loc!r}"
+        return f"{_blame(path, origins, source)}: unknown key {loc!r}"
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
-        # Validators name their own key ("es.population: ..."); keep that form.
-        return f"{source}: {msg}" if ":" in msg.split(" ")[0] else f"{source}: {loc}: {msg}"
+        # Validators name their own key ("es.population: ..."); keep that form and blame that key's file.
+        named = msg.split(" ")[0]
+        if named.endswith(":") and "." in named:
+            return f"{_blame(tuple(named[:-1].split('.')), origins, source)}: {msg}"
+        return f"{_blame(path, origins, source)}: {loc}: {msg}"
     got = first.get("input")
-    got_text = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
-    return f"{source}: {loc}: {msg}{got_text}"
+    got_text = f" (got {_short(got)})" if got is not None and not isinstance(got, dict) else ""
+    return f"{_blame(path, origins, source)}: {loc}: {msg}{got_text}"
 
 
-def config_from_dict(raw: dict[str, Any], source: str = "<config>") -> Config:
-    """Validate a plain dict into a :class:`Config`, raising :class:`ConfigError` on any problem."""
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "<config>", origins: Origins | None = None) -> Config:
+    """Validate a plain dict into a :class:`Config`, raising :class:`ConfigError` on any problem.
+
+    ``origins`` (key path → file) names the file that set a bad key; ``source`` is named otherwise."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping of sections at the top level, got {type(raw).__name__}")
     try:
         return Config.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_format_validation_error(err, source)) from None
+        raise ConfigError(_format_validation_error(err, source, origins)) from None
 
 
 def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -246,38 +376,69 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """A config file as a dict, with ``extends: OTHER.yaml`` (relative to the file) merged underneath."""
+def _key_paths(tree: dict[str, Any], prefix: tuple[str, ...] = ()):
+    for key, value in tree.items():
+        yield (*prefix, str(key))
+        if isinstance(value, dict):
+            yield from _key_paths(value, (*prefix, str(key)))
+
+
+def _read_tree(path: str | Path, _seen: tuple[Path, ...] = ()) -> tuple[dict[str, Any], Origins]:
+    """A config file as a dict, ``extends:`` merged underneath, and which file set each key."""
     file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"{path}: config file not found")
     try:
-        raw = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}: not valid YAML{where}") from None
+        if not file.is_file():
+            raise ConfigError(f"{path}: config file not found" if not file.exists() else f"{path}: not a file")
+        data = file.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the config file ({err.strerror or err.__class__.__name__})") from None
+    except ValueError as err:  # an embedded NUL byte in the path
+        raise ConfigError(f"{str(path)[:200]!r}: not a usable config path ({err})") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {data[err.start]:#04x} at offset {err.start})") from None
+    raw = _load_yaml(text, str(path))
+    if raw is None:
+        raise ConfigError(f"{path}: the config file is empty (expected a mapping of sections such as 'run:', 'es:'; "
+                          "write '{}' for all defaults)")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level, got {type(raw).__name__}")
     parent = raw.pop("extends", None)
-    if parent is None:
-        return raw
-    if not isinstance(parent, str):
-        raise ConfigError(f"{path}: extends: expected a file name, got {parent!r}")
-    parent_file = (file.parent / parent).resolve()
-    if parent_file in _seen:
-        raise ConfigError(f"{path}: extends: {parent} forms a cycle")
-    return _deep_merge(read_yaml(parent_file, (*_seen, file.resolve())), raw)
+    origins: Origins = {}
+    merged = raw
+    if parent is not None:
+        if not isinstance(parent, str) or not parent.strip():
+            raise ConfigError(f"{path}: extends: expected a file name, got {_short(parent)}")
+        parent_file = (file.parent / parent).resolve()
+        if parent_file in _seen or parent_file == file.resolve():
+            raise ConfigError(f"{path}: extends: {parent} forms a cycle")
+        if not parent_file.is_file():
+            raise ConfigError(f"{path}: extends: {parent!r} not found ({parent_file})")
+        base, origins = _read_tree(parent_file, (*_seen, file.resolve()))
+        merged = _deep_merge(base, raw)
+    origins.update(dict.fromkeys(_key_paths(raw), str(path)))
+    return merged, origins
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A config file as a dict, with ``extends: OTHER.yaml`` (relative to the file) merged underneath."""
+    return _read_tree(path)[0]
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
     """Read a YAML config file (or defaults when ``path`` is None) and apply ``--set`` overrides."""
     source = str(path) if path is not None else "<defaults>"
-    raw: dict[str, Any] = read_yaml(path) if path is not None else {}
+    raw, origins = _read_tree(path) if path is not None else ({}, {})
     for text in overrides or []:
         key, value = parse_override(text)
-        _set_dotted(raw, key, value, source)
-    return config_from_dict(raw, source)
+        where = f"--set {text[:200] if text.isprintable() else repr(text[:200])}"
+        _set_dotted(raw, key, value, where)
+        keys = tuple(key.split("."))
+        origins[keys] = where
+        if isinstance(value, dict):
+            origins.update(dict.fromkeys(((*keys, *sub) for sub in _key_paths(value)), where))
+    return config_from_dict(raw, source, origins)
 
 
 def config_to_yaml(config: Config) -> str:

@@ -113,7 +113,7 @@ def build_agent(config: Config, policy: LoadedPolicy) -> WebShopAgent:
         raise ConfigError("agent.prompt_style: 'chat' needs a model with a chat template "
                           "(tokenizer_config.json chat_template)")
     return WebShopAgent(policy.tokenizer, style, renderer, config.agent.max_prompt_tokens,
-                        config.agent.max_candidate_tokens)
+                        config.agent.max_candidate_tokens, config.agent.score_norm)
 
 
 def build_es_config(config: Config) -> ESConfig:

@@ -108,3 +108,151 @@ def test_extends_merges_and_detects_cycles(tmp_path):
     (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
     with pytest.raises(ConfigError, match="cycle"):
         load_config(tmp_path / "a.yaml")
+
+
+# ------------------------------------------------------------------------------------------------ issue 22 inputs
+# Each bad input: `error: <one line naming the file (the parent for an inherited key) and the key>`, exit code 2,
+# and no run directory left behind. In-process through the CLI's own wrapper (run_cli), so the cases are cheap.
+
+PARENT_BAD = "es: {population: 8, sigmaa: 0.1}\n"
+
+
+def _cli(argv, capsys):
+    from esjax.cli_util import run_cli
+    from esjax.run import main
+
+    with pytest.raises(SystemExit) as info:
+        run_cli(main, argv)
+    return info.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "blamed"),
+    [
+        pytest.param(b"", "empty", "cfg.yaml", id="empty-file"),
+        pytest.param(b"# only a comment\n", "empty", "cfg.yaml", id="comment-only-file"),
+        pytest.param(b"extends: missing.yaml\nrun: {updates: 3}\n", "extends", "cfg.yaml", id="extends-missing"),
+        pytest.param(b"es: {sigma: 1e400}\n", "es.sigma", "cfg.yaml", id="sigma-inf"),
+        pytest.param(b"es: {learning_rate: .nan}\n", "es.learning_rate", "cfg.yaml", id="lr-nan"),
+        pytest.param(b"run: {updates: 1e30}\n", "run.updates", "cfg.yaml", id="updates-1e30"),
+        pytest.param(b"es: {population: 1e12}\n", "es.population", "cfg.yaml", id="population-1e12-float"),
+        pytest.param(b"es: {population: 1000000000000}\n", "es.population", "cfg.yaml", id="population-too-big"),
+        pytest.param(b"run: {updates: 100000000000}\n", "run.updates", "cfg.yaml", id="updates-too-big"),
+        pytest.param(b"schedule: {slots: 100000}\nenv: {tasks_per_member: 100000}\n", "schedule.slots", "cfg.yaml",
+                     id="episodes-too-many"),
+        pytest.param(b"run: {seed: -1}\n", "run.seed", "cfg.yaml", id="negative-seed"),
+        pytest.param(b"schedule: {kind: extreme_lag, stale_fraction: 1.0, max_lag: 4}\n", "schedule.stale_fraction",
+                     "cfg.yaml", id="extreme-lag-p1"),
+        pytest.param(b"schedule: {kind: extreme_lag, stale_fraction: 0.25, max_lag: 0}\n", "schedule.max_lag",
+                     "cfg.yaml", id="extreme-lag-K0"),
+        pytest.param(b"schedule: {kind: controlled, lag: 0, stale_fraction: 0.5, max_lag: 2}\n", "schedule.lag",
+                     "cfg.yaml", id="controlled-lag0"),
+        pytest.param(b"schedule: {kind: controlled, lag: 2, stale_fraction: 0.0, max_lag: 2}\n",
+                     "schedule.stale_fraction", "cfg.yaml", id="controlled-p0"),
+        pytest.param(b"es: {population: 4}\nschedule: {kind: controlled, lag: 1, stale_fraction: 0.1, max_lag: 1}\n",
+                     "schedule.stale_fraction", "cfg.yaml", id="controlled-no-stale-member"),
+        pytest.param(b"schedule: {kind: all_stale, lag: 2, max_lag: 2, stale_fraction: 0.5}\n",
+                     "schedule.stale_fraction", "cfg.yaml", id="all-stale-p"),
+        pytest.param(b"schedule: {kind: async, lag: 2, max_lag: 2}\n", "schedule.lag", "cfg.yaml", id="async-lag"),
+        pytest.param(b"schedule: {kind: sync, stale_fraction: 0.5}\n", "schedule.stale_fraction", "cfg.yaml",
+                     id="sync-p"),
+        pytest.param(b"es: {include: ['[(']}\n", "es.include", "cfg.yaml", id="bad-regex"),
+        pytest.param(b"es: {exclude: ['ok', '*bad']}\n", "es.exclude", "cfg.yaml", id="bad-regex-exclude"),
+        pytest.param(b"run: {name: \"caf\xe9\"}\n", "UTF-8", "cfg.yaml", id="not-utf8"),
+        pytest.param(b"extends: parent.yaml\nrun: {updates: 3}\n", "es.sigmaa", "parent.yaml", id="bad-key-in-parent"),
+        pytest.param(b"extends: parent.yaml\nes: {sigma: 0.5}\n", "es.sigmaa", "parent.yaml",
+                     id="bad-key-in-parent-overridden-section"),
+        pytest.param(b"env: {data: DATAFILE}\n", "env.data", "cfg.yaml", id="data-is-a-file"),
+        pytest.param(b"run: {updates: '12'}\n", "run.updates", "cfg.yaml", id="str-to-int"),
+        pytest.param(b"run: {updates: true}\n", "run.updates", "cfg.yaml", id="bool-to-int"),
+        pytest.param(b"es: {population: 8.0}\n", "es.population", "cfg.yaml", id="float-to-int"),
+        pytest.param(b"es: {sigma: '0.1'}\n", "es.sigma", "cfg.yaml", id="str-to-float"),
+        pytest.param(b"es: {sigma: true}\n", "es.sigma", "cfg.yaml", id="bool-to-float"),
+        pytest.param(b"run: {progress: 1}\n", "run.progress", "cfg.yaml", id="int-to-bool"),
+        pytest.param(b"es: {sigma: 0.1}\nrun: {seed: 1}\nes: {rank: 2}\n", "'es'", "cfg.yaml", id="duplicated-section"),
+        pytest.param(b"es:\n  sigma: 0.1\n  sigma: 0.2\n", "es.sigma", "cfg.yaml", id="duplicated-key"),
+    ],
+)
+def test_bad_config_inputs_are_one_line_and_exit_2(text, key, blamed, tmp_path, capsys):
+    data_file = tmp_path / "products.json"
+    data_file.write_text("[]")
+    (tmp_path / "parent.yaml").write_text(PARENT_BAD)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_bytes(text.replace(b"DATAFILE", str(data_file).encode()))
+    run_dir = tmp_path / "run"
+    code, err = _cli(["--config", str(cfg), "--run-dir", str(run_dir)], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert key in lines[0] and f"{tmp_path / blamed}:" in lines[0], lines[0]
+    assert "Traceback" not in err
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "key"),
+    [
+        (["es.population=8.0"], "es.population"),
+        (["run.updates=true"], "run.updates"),
+        (["run.updates='12'"], "run.updates"),
+        (["es.sigma=1e400"], "es.sigma"),
+        (["es.include=['[(']"], "es.include"),
+    ],
+)
+def test_bad_overrides_blame_the_override(args, key, capsys):
+    code, err = _cli([x for a in args for x in ("--set", a)], capsys)
+    assert code == 2 and err.count("\n") == 1 and key in err and f"--set {args[-1]}" in err, err
+
+
+def test_yaml_numbers_and_strict_types_that_stay_valid(tmp_path):
+    cfg = tmp_path / "ok.yaml"
+    cfg.write_text("es: {sigma: 1e-3, learning_rate: 2, include: ['norm/scale$']}\nrun: {updates: 12}\n")
+    config = load_config(cfg)
+    assert config.es.sigma == 0.001 and isinstance(config.es.sigma, float)
+    assert config.es.learning_rate == 2.0 and config.es.include == ("norm/scale$",) and config.run.updates == 12
+    assert load_config(None, ["es.sigma=5e-2"]).es.sigma == 0.05
+    (tmp_path / "all-defaults.yaml").write_text("{}\n")
+    assert load_config(tmp_path / "all-defaults.yaml") == load_config(None)
+
+
+def test_run_dir_that_is_a_file_is_one_line(tmp_path, capsys):
+    target = tmp_path / "taken"
+    target.write_text("not a directory")
+    code, err = _cli(["--set", "model.source=random", "--run-dir", str(target)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "--run-dir" in err and str(target) in err, err
+    assert target.read_text() == "not a directory"
+    code, err = _cli(["--set", "model.source=random", "--run-dir", str(target / "sub")], capsys)
+    assert code == 2 and err.count("\n") == 1 and "Not a directory" in err and "--run-dir" in err, err
+
+
+def test_a_failed_start_leaves_no_run_directory(tmp_path, capsys):
+    """Bad input found while building the parts (after the run directory was made) removes it again."""
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    run_dir = tmp_path / "deep" / "run"
+    code, err = _cli(["--set", "model.source=random", "--set", f"env.data={empty}", "--run-dir", str(run_dir)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "env.data" in err, err
+    assert not (tmp_path / "deep").exists()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="needs a private read-only mount (Linux unshare)")
+@pytest.mark.parametrize("which", ["new", "existing"])
+def test_read_only_run_directory_at_start_is_one_line(which, tmp_path):
+    import shutil
+
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare for a private read-only mount")
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    run_dir = mount / "run" if which == "new" else mount
+    inner = (f"mount -t tmpfs -o ro none {mount} && exec {sys.executable} -m esjax.run --set model.source=random "
+             f"--run-dir {run_dir}")
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                            f"mount -t tmpfs -o ro none {mount}"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("mount namespaces are not permitted here")
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", inner], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1 and "Read-only file system" in lines[0] and str(run_dir) in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
