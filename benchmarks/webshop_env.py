@@ -6,8 +6,10 @@
 Each catalog size runs in a fresh subprocess (so its load time and resident memory are its own):
 it builds a synthetic shop (catalog + goals + BM25 index, no disk cache), then plays a fixed scripted
 action mix per goal (search, open the top hit, pick an option, Description / Features sub pages, back,
-next page, open a hit, buy) and times ``shop.search`` on the goals' instructions. The 1M run also
-measures a warm start from the on-disk index cache. Ratios are against the 1k catalog of the same run.
+next page, open a hit, buy). Search is timed on the first 1,000 goals' instructions (``--search-queries``):
+``shop.search`` (pruned top-k on catalogs of >= 20k products) against the exact reference path, query by
+query, and every pruned top-50 is checked identical to exact BM25's (exit status 1 if any differs).
+The 1M run also measures a warm start from the on-disk index cache. Ratios are against the 1k catalog of the same run.
 When ../shared/webshop_small is present it also reports the real 1k catalog and the faithfulness
 numbers of issue 4 (exact purchases, oracle and random policies over the first 500 goals).
 """
@@ -90,17 +92,36 @@ def _measure(shop, episodes: int, min_seconds: float = 2.0) -> dict:
         steps += sum(_scripted_episode(env, g) for g in goals)
         passes += 1
     elapsed = time.perf_counter() - t0
-    latencies = []
-    for g in goals:
-        q = shop.goals[g].instruction_text.lower()
-        t = time.perf_counter()
-        shop.search(q)
-        latencies.append(time.perf_counter() - t)
-    return {"steps": steps, "steps_per_s": steps / elapsed, "search_ms_median": 1000 * statistics.median(latencies),
-            "episodes": len(goals) * passes}
+    return {"steps": steps, "steps_per_s": steps / elapsed, "episodes": len(goals) * passes}
 
 
-def worker(kind: str, size: int, episodes: int) -> dict:
+def _measure_search(shop, queries: int) -> dict:
+    """Median latency of ``shop.search`` (pruned on big catalogs) and of the exact reference path on the
+    first ``queries`` goal instructions, timed alternately query by query (so load changes hit both
+    alike), and how many top-50 lists are identical (pruned vs exact, whatever ``shop.search`` uses)."""
+    engine = shop.engine
+    texts = [shop.goals[g].instruction_text.lower() for g in range(min(queries, len(shop.goals)))]
+    for q in texts[:20]:  # warm: per-term bounds, the candidate map, page cache of a mapped index
+        engine.search_pruned(q)
+        engine.search_exact(q)
+    fast, exact, identical, pruned = [], [], 0, 0
+    for n, q in enumerate(texts):
+        order = (("fast", fast), ("exact", exact)) if n % 2 == 0 else (("exact", exact), ("fast", fast))
+        hits = {}
+        for name, sink in order:
+            t = time.perf_counter()
+            hits[name] = shop.search(q) if name == "fast" else engine.search_exact(q)
+            sink.append(time.perf_counter() - t)
+        stats = {}
+        identical += engine.search_pruned(q, stats=stats) == hits["exact"]
+        pruned += stats.get("path") == "pruned"
+    return {"search_ms_median": 1000 * statistics.median(fast),
+            "exact_search_ms_median": 1000 * statistics.median(exact), "search_queries": len(texts),
+            "search_identical_top50": identical, "search_pruned_queries": pruned,
+            "search_uses_pruning": bool(engine.pruning)}
+
+
+def worker(kind: str, size: int, episodes: int, queries: int = 1000) -> dict:
     """Run one configuration in this (fresh) process and return its measurements."""
     rss0, _ = _rss_mib()
     import envs.webshop_bridge as wb
@@ -132,6 +153,7 @@ def worker(kind: str, size: int, episodes: int) -> dict:
             wb.synthetic_shop(size, seed=0, cache_dir=cache)  # index memory-mapped from disk
             out["warm_from_disk_cache_s"] = time.perf_counter() - t
     out.update(_measure(shop, episodes))
+    out.update(_measure_search(shop, queries))
     if kind == "real":
         out["faithfulness"] = faithfulness(shop)
     return out
@@ -161,8 +183,8 @@ def _small_dir() -> Path | None:
     return None
 
 
-def _run(kind: str, size: int, episodes: int, env: dict) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--worker", kind, str(size), str(episodes)],
+def _run(kind: str, size: int, episodes: int, queries: int, env: dict) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--worker", kind, str(size), str(episodes), str(queries)],
                           capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"benchmark worker {kind}:{size} failed:\n{proc.stderr}")
@@ -173,30 +195,43 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000,100000,1000000")
     parser.add_argument("--episodes", type=int, default=200)
+    parser.add_argument("--search-queries", type=int, default=1000,
+                        help="goal instructions to time search on and check pruned == exact top-50 (default 1000)")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
-    parser.add_argument("--worker", nargs=3, metavar=("KIND", "SIZE", "EPISODES"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=4, metavar=("KIND", "SIZE", "EPISODES", "QUERIES"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        kind, size, episodes = args.worker
-        print(json.dumps(worker(kind, int(size), int(episodes))))
+        kind, size, episodes, queries = args.worker
+        print(json.dumps(worker(kind, int(size), int(episodes), int(queries))))
         return 0
 
     env = dict(os.environ)
     sizes = [int(s) for s in args.sizes.split(",")]
-    results = [_run("synthetic", s, args.episodes, env) for s in sizes]
+    load_before = os.getloadavg()
+    results = [_run("synthetic", s, args.episodes, args.search_queries, env) for s in sizes]
     small = _small_dir()
     if small is not None:
         env["ESJAX_WEBSHOP_SMALL"] = str(small)
-        results.append(_run("real", 1000, args.episodes, env))
+        results.append(_run("real", 1000, args.episodes, args.search_queries, env))
+    load_after = os.getloadavg()
     base = results[0]
-    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
-    print(f"{'catalog':>16} {'goals':>9} {'load s':>8} {'RSS MiB':>8} {'steps/s':>9} {'x 1k':>6} "
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; load average "
+          f"{load_before[0]:.1f} before, {load_after[0]:.1f} after")
+    print(f"{'catalog':>19} {'goals':>9} {'load s':>8} {'RSS MiB':>8} {'steps/s':>9} {'x 1k':>6} "
           f"{'search ms':>10} {'x 1k':>6}")
     for r in results:
         name = f"{r['kind']} {r['size']:,}"
-        print(f"{name:>16} {r['goals']:>9,} {r['load_s']:>8.2f} {r['rss_loaded_mib']:>8.0f} "
+        print(f"{name:>19} {r['goals']:>9,} {r['load_s']:>8.2f} {r['rss_loaded_mib']:>8.0f} "
               f"{r['steps_per_s']:>9.0f} {r['steps_per_s'] / base['steps_per_s']:>6.2f} "
               f"{r['search_ms_median']:>10.3f} {r['search_ms_median'] / base['search_ms_median']:>6.1f}")
+    print(f"{'catalog':>19} {'queries':>8} {'search ms':>10} {'exact ms':>9} {'ratio':>6} {'same top-50':>12}")
+    for r in results:
+        name = f"{r['kind']} {r['size']:,}"
+        how = "pruned" if r["search_uses_pruning"] else "exact"
+        print(f"{name:>19} {r['search_queries']:>8,} {r['search_ms_median']:>10.3f} "
+              f"{r['exact_search_ms_median']:>9.3f} {r['search_ms_median'] / r['exact_search_ms_median']:>6.2f} "
+              f"{r['search_identical_top50']:>5,}/{r['search_queries']:<6,} ({how}; pruned path ran on "
+              f"{r['search_pruned_queries']:,})")
     for r in results:
         if "warm_from_disk_cache_s" in r:
             print(f"{r['size']:,} products: cold load {r['load_s']:.2f} s, with cache write "
@@ -212,7 +247,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"score {f['random_score']:.1f} / success {100 * f['random_success']:.1f}% "
                   f"({f['random_steps']:.1f} steps)")
     if args.json:
-        args.json.write_text(json.dumps({"machine": cpu_model(), "results": results}, indent=2))
+        args.json.write_text(json.dumps({"machine": cpu_model(), "load_average": [load_before, load_after],
+                                         "results": results}, indent=2))
+    if any(r["search_identical_top50"] != r["search_queries"] for r in results):
+        print("ERROR: pruned search differs from exact BM25 on some queries", file=sys.stderr)
+        return 1
     return 0
 
 

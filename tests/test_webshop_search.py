@@ -1,4 +1,5 @@
-"""BM25 search: analyzer, stemmer, agreement with bm25s's own indexer, ranking rules and caching."""
+"""BM25 search: analyzer, stemmer, agreement with bm25s's own indexer, ranking rules, caching, and the
+pruned top-k path returning exactly the exact path's results."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import envs.webshop_bridge.synthetic as synthetic_module
 from envs.webshop_bridge import SearchEngine, SyntheticCatalog, analyze
 from envs.webshop_bridge.search import clear_engine_cache, get_engine
 from envs.webshop_bridge.stemmer import porter_stem
+from envs.webshop_bridge.synthetic import SyntheticGoals
 
 CORPUS = [
     "acme running shoes, black, size 9 rubber sole",
@@ -104,3 +106,95 @@ def test_corrupt_disk_cache_is_rebuilt(tmp_path):
     clear_engine_cache()
     assert get_engine("k", lambda: pytest.fail("should load"), 6, cache_dir=tmp_path).search("mug") == [3]
     clear_engine_cache()
+
+
+# --------------------------------------------------------------------------- pruned top-k == exact
+def _assert_pruned_matches_exact(engine, queries, ks=(50,)):
+    paths = {}
+    for q in queries:
+        for k in ks:
+            stats = {}
+            got = engine.search_pruned(q, k, stats=stats)
+            assert got == engine.search_exact(q, k), (q, k, stats)
+            paths[stats["path"]] = paths.get(stats["path"], 0) + 1
+    return paths
+
+
+def test_pruned_search_identical_to_exact_on_synthetic_goals():
+    """Issue 20: the pruned path returns exact BM25's top-k (same documents, same order, same tie
+    breaks) on a synthetic catalog's goal instructions, and it really prunes."""
+    catalog = SyntheticCatalog(30_000, seed=3)
+    engine = catalog.build_search_engine()
+    assert engine.pruning  # >= PRUNE_MIN_DOCS: `search` takes the pruned path
+    goals = SyntheticGoals(catalog, 3)
+    rng = np.random.default_rng(0)
+    queries = [goals[int(g)].instruction_text.lower() for g in rng.choice(len(goals), 600, replace=False)]
+    paths = {}
+    for q in queries:
+        stats = {}
+        got = engine.search(q)
+        assert got == engine.search_exact(q) == engine.search_pruned(q, stats=stats), q
+        paths[stats["path"]] = paths.get(stats["path"], 0) + 1
+        if stats["path"] == "pruned":
+            assert stats["survivors"] < stats["candidates"]
+    assert paths.get("pruned", 0) >= 0.9 * len(queries)
+    # other cut-offs, and queries of a few words from the catalog's own titles (common terms, repeats)
+    titles = [catalog[int(i)].name.lower() for i in rng.choice(len(catalog), 60, replace=False)]
+    short = [" ".join(rng.choice(t.split(), size=min(3, len(t.split())))) for t in titles]
+    _assert_pruned_matches_exact(engine, queries[:60] + titles + short, ks=(1, 7, 50, 200))
+
+
+def test_pruned_search_ties_and_edge_cases():
+    tied = SearchEngine.from_texts(["same text"] * 80 + ["same same text"] * 3 + ["other words"] * 5)
+    _assert_pruned_matches_exact(tied, ["same", "same text", "text same same", "other", "nothing", ""],
+                                 ks=(0, 1, 3, 4, 50, 87, 88, 100))
+    engine = SearchEngine.from_texts(CORPUS)
+    _assert_pruned_matches_exact(engine, ["running shoes", "mug mug", "bluetooth case shoes"], ks=(1, 2, 6))
+
+
+def test_pruned_search_random_corpora():
+    """Zipf-distributed random corpora, queries with repeated and absent words, many cut-offs."""
+    rng = np.random.default_rng(1)
+    words = [f"w{i}" for i in range(300)]
+    p = 1.0 / np.arange(1, len(words) + 1)
+    p /= p.sum()
+    for _ in range(12):
+        n = int(rng.integers(50, 3000))
+        texts = [" ".join(rng.choice(words, size=int(rng.integers(1, 25)), p=p)) for _ in range(n)]
+        engine = SearchEngine.from_texts(texts)
+        queries = [" ".join(rng.choice(words, size=int(rng.integers(1, 12)), p=p ** 0.3 / (p ** 0.3).sum()))
+                   for _ in range(25)] + ["w0 w0 w1", "w299 nothing", "w5 w5 w5 w5"]
+        _assert_pruned_matches_exact(engine, queries, ks=(1, 10, 50))
+
+
+def test_pruned_search_threads_and_interrupted_passes(monkeypatch):
+    import concurrent.futures
+
+    import envs.webshop_bridge.pruned as pruned
+
+    catalog = SyntheticCatalog(20_000, seed=4)
+    engine = catalog.build_search_engine()
+    goals = SyntheticGoals(catalog, 4)
+    queries = [goals[g].instruction_text.lower() for g in range(0, 4000, 40)]
+    expected = [engine.search_exact(q) for q in queries]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # one candidate map per thread
+        assert list(pool.map(engine.search_pruned, queries)) == expected
+    slots = engine._pruning_state.posmap
+    assert (slots() == -1).all()  # every pass clears the slots it set
+
+    calls = {"n": 0}
+    real = pruned._walk_is_cheaper
+
+    def flaky(*args):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt  # a pass interrupted half-way leaves candidate slots in the map
+        return real(*args)
+
+    monkeypatch.setattr(pruned, "_walk_is_cheaper", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        for q in queries:
+            engine.search_pruned(q)
+    monkeypatch.setattr(pruned, "_walk_is_cheaper", real)
+    assert (slots() == -1).all()  # the half-filled map was dropped
+    assert [engine.search_pruned(q) for q in queries] == expected  # the map was rebuilt, not reused

@@ -4,8 +4,10 @@
   ``'`` join letters/digits, ``,`` joins digits), English possessive ``'s`` removed, lower-case, Lucene's
   33 English stop words, Porter stemming.
 * Scoring is Lucene's BM25 with pyserini's defaults k1 = 0.9, b = 0.4; ties go to the lower document
-  number, as in Lucene. Lucene's one-byte document-length norms are not reproduced (exact lengths are
-  used), so near-tied scores can order differently.
+  number, as in Lucene. ``search_exact`` scores every matching document (the reference path);
+  ``search`` uses exact top-k with dynamic pruning (``pruned.py``) on catalogs of >= 20k documents and
+  returns the same documents in the same order. Lucene's one-byte document-length norms are not
+  reproduced (exact lengths are used), so near-tied scores can order differently.
 * The index is a ``bm25s.BM25`` object (its CSC score matrix, vocabulary and save/load format). We fill
   its matrix with a vectorized builder, because bm25s's own indexer loops over documents in Python and
   the bridge must index synthetic catalogs of 1M+ products in seconds; a test checks both agree.
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .pruned import PruningState, pruned_top_k
 from .stemmer import porter_stem
 
 
@@ -60,6 +63,7 @@ SEARCH_RETURN_N = 50
 K1, B = 0.9, 0.4
 ANALYZER_VERSION = "lucene-en-porter-1"
 DISK_CACHE_MIN_DOCS = 50_000
+PRUNE_MIN_DOCS = 20_000  # below this, scoring every matching document is already sub-millisecond
 
 LUCENE_STOP_WORDS = frozenset((  # Lucene's EnglishAnalyzer stop set
     "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is", "it", "no", "not",
@@ -98,6 +102,8 @@ class SearchEngine:
         self._indptr = np.asarray(s["indptr"])
         self.num_docs = int(s["num_docs"])
         self.vocab: dict[str, int] = retriever.vocab_dict
+        self.pruning = self.num_docs >= PRUNE_MIN_DOCS  # False: every search takes the exact path
+        self._pruning_state = PruningState(self.num_docs)
 
     # -------------------------------------------------------------------------------- building
     @classmethod
@@ -198,7 +204,14 @@ class SearchEngine:
         return np.bincount(idx, weights=val, minlength=self.num_docs)
 
     def search(self, query: str, k: int = SEARCH_RETURN_N) -> list[int]:
-        """Top-``k`` matching documents (score desc, then document number asc)."""
+        """Top-``k`` matching documents (score desc, then document number asc).
+
+        Pruned (``search_pruned``) when ``self.pruning`` is set, else exact; both return the same list.
+        """
+        return self.search_pruned(query, k) if self.pruning else self.search_exact(query, k)
+
+    def search_exact(self, query: str, k: int = SEARCH_RETURN_N) -> list[int]:
+        """Top-``k`` by scoring every matching document: the reference path."""
         scores = self.scores(query)
         n = len(scores)
         kth = np.partition(scores, n - k)[n - k] if 0 < k < n else 0.0
@@ -206,6 +219,15 @@ class SearchEngine:
         cand = np.flatnonzero(scores >= kth) if kth > 0 else np.flatnonzero(scores)
         order = np.lexsort((cand, -scores[cand]))[:k]
         return cand[order].tolist()
+
+    def search_pruned(self, query: str, k: int = SEARCH_RETURN_N, stats: dict | None = None) -> list[int]:
+        """Top-``k`` with MaxScore-style pruning: identical to ``search_exact`` (see ``pruned.py``).
+
+        ``stats``, if given, receives which path ran and how many candidates were scored.
+        """
+        ids = self.query_ids(query)
+        return pruned_top_k(self._data, self._indices, self._indptr, ids, k, self._pruning_state,
+                            lambda: self.search_exact(query, k), stats)
 
 
 # ------------------------------------------------------------------------------ per-process cache
