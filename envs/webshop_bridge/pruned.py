@@ -50,10 +50,10 @@ class PruningState:
         self._local = threading.local()
 
     def posmap(self) -> np.ndarray:
-        """This thread's document -> candidate-slot map (all -1 between queries)."""
+        """This thread's document -> 1 + candidate position map (all 0, "not a candidate", between queries)."""
         m = getattr(self._local, "posmap", None)
         if m is None:
-            m = self._local.posmap = np.full(self.num_docs, -1, dtype=np.int32)
+            m = self._local.posmap = np.zeros(self.num_docs, dtype=np.int32)
         return m
 
     def drop_posmap(self) -> None:
@@ -85,21 +85,21 @@ def _lookup(indices: np.ndarray, data: np.ndarray, lo: int, hi: int, docs: np.nd
 
 
 def _walk_is_cheaper(df: int, n_cand: int) -> bool:
-    """Walking df postings through the map (~10 ns each) vs n_cand binary searches (~4 ns per level)."""
-    return 10 * df < 4 * n_cand * np.log2(df + 1)
+    """Walking df postings through the map (~6 ns each) vs n_cand binary searches (~3-4 ns per level)."""
+    return 6 * df < 3.5 * n_cand * np.log2(df + 1)
 
 
 def _one_pass(data, indices, spans, mults, R, cand, P, start, theta, k, posmap, stats):
     """Score candidates ``cand`` (sorted document numbers) over terms ``start..`` with pruning.
 
-    ``P`` holds the partial scores of ``cand`` plus one trailing dummy slot, which absorbs the postings of
-    documents outside ``cand`` (the map's -1 indexes it). Returns the candidates that can still reach
-    the top k, their full scores (summation order not the exact path's) and the updated theta.
+    ``P[1:]`` holds the partial scores of ``cand``; ``P[0]`` is a dummy slot that absorbs the postings of
+    documents outside ``cand`` (the map sends them to 0). Returns the candidates that can still reach the
+    top k, their full scores (summation order not the exact path's) and the updated theta.
     """
     m = len(spans)
     n0 = len(cand)
     looked = False
-    posmap[cand] = np.arange(n0, dtype=np.int32)
+    posmap[cand] = np.arange(1, n0 + 1, dtype=np.int32)
     for i in range(start, m):
         lo, hi = spans[i]
         df = hi - lo
@@ -107,29 +107,30 @@ def _one_pass(data, indices, spans, mults, R, cand, P, start, theta, k, posmap, 
             looked = True
             n = len(cand)
             s = min(LOOKAHEAD_SEEDS, n)
-            top = np.argpartition(P[:n], n - s)[n - s:] if s < n else np.arange(n)
+            top = np.argpartition(P[1:], n - s)[n - s:] if s < n else np.arange(n)
             top.sort()
-            seeds, full = cand[top], P[top]
+            seeds, full = cand[top], P[1 + top]
             for i2 in range(i, m):
                 hit, w = _lookup(indices, data, *spans[i2], seeds)
                 full[hit] += w * mults[i2]
             theta = max(theta, _kth(full, k) * (1 - _SLACK))
             stats["lookahead_at"] = i
         if looked:
-            keep = P[:-1] + R[i] >= theta
+            keep = P[1:] + R[i] >= theta
             if not keep.all():
-                posmap[cand[~keep]] = -1
+                posmap[cand[~keep]] = 0
                 cand = cand[keep]
-                P = np.append(P[:-1][keep], 0.0)
-                posmap[cand] = np.arange(len(cand), dtype=np.int32)
+                P = np.concatenate(([0.0], P[1:][keep]))
+                posmap[cand] = np.arange(1, len(cand) + 1, dtype=np.int32)
         if _walk_is_cheaper(df, len(cand)):
             w = data[lo:hi]
-            P[np.take(posmap, indices[lo:hi])] += w if mults[i] == 1 else w * mults[i]  # unique slots per term
+            P += np.bincount(np.take(posmap, indices[lo:hi]), weights=w if mults[i] == 1 else w * mults[i],
+                             minlength=len(P))
         else:
             hit, w = _lookup(indices, data, lo, hi, cand)
-            P[hit] += w * mults[i]
-    posmap[cand] = -1
-    P = P[:-1]
+            P[1 + hit] += w * mults[i]
+    posmap[cand] = 0
+    P = P[1:]
     theta = max(theta, _kth(P, k) * (1 - _SLACK))
     keep = theta <= P
     return cand[keep], P[keep], theta
@@ -180,9 +181,9 @@ def pruned_top_k(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, quer
                 lo, hi = spans[0]
                 cand = indices[lo:hi]
                 P = np.empty(len(cand) + 1)
-                P[:-1] = data[lo:hi]
-                P[:-1] *= mults[0]
-                P[-1] = 0.0
+                P[0] = 0.0
+                P[1:] = data[lo:hi]
+                P[1:] *= mults[0]
                 start = 1
             else:
                 cand = np.unique(np.concatenate([indices[lo:hi] for lo, hi in spans[:j]]))

@@ -5,7 +5,7 @@
   33 English stop words, Porter stemming.
 * Scoring is Lucene's BM25 with pyserini's defaults k1 = 0.9, b = 0.4; ties go to the lower document
   number, as in Lucene. ``search_exact`` scores every matching document (the reference path);
-  ``search`` uses exact top-k with dynamic pruning (``pruned.py``) on catalogs of >= 20k documents and
+  ``search`` uses exact top-k with dynamic pruning (``pruned.py``) on catalogs of >= 50k documents and
   returns the same documents in the same order. Lucene's one-byte document-length norms are not
   reproduced (exact lengths are used), so near-tied scores can order differently.
 * The index is a ``bm25s.BM25`` object (its CSC score matrix, vocabulary and save/load format). We fill
@@ -63,7 +63,7 @@ SEARCH_RETURN_N = 50
 K1, B = 0.9, 0.4
 ANALYZER_VERSION = "lucene-en-porter-1"
 DISK_CACHE_MIN_DOCS = 50_000
-PRUNE_MIN_DOCS = 20_000  # below this, scoring every matching document is already sub-millisecond
+PRUNE_MIN_DOCS = 50_000  # below ~45k synthetic products scoring every match is as fast (< 1 ms)
 
 LUCENE_STOP_WORDS = frozenset((  # Lucene's EnglishAnalyzer stop set
     "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is", "it", "no", "not",
