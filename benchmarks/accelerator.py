@@ -574,9 +574,11 @@ def _child_main(name: str, sizes: Sizes, fail: str | None) -> int:
 def _run_section(name: str, sizes: Sizes, timeout: float, tiny: bool, fail: str | None,
                  scratch: str) -> dict[str, Any]:
     env = dict(os.environ, ESJAX_ACCEL_SCRATCH=scratch)
-    if tiny:  # CPU, and XLA's quick compile: tiny programs are compile-bound
+    if tiny:  # CPU, XLA's quick compile and a persistent compilation cache: tiny programs are compile-bound
         env["JAX_PLATFORMS"] = "cpu"
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(tempfile.gettempdir()) / "esjax-accelerator-xla-cache"))
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--sizes",
            json.dumps(dataclasses.asdict(sizes))]
     if fail:
