@@ -129,12 +129,10 @@ class FirstHitPolicy:
             return f"click[{products[0]}]" if products else None
         if kind == "item":
             if self.options:
+                buttons = {BUY_NOW.lower(), PREV_PAGE.lower(), BACK_TO_SEARCH.lower(), "description", "features",
+                           "reviews"}
                 for value in available["clickables"]:
-                    if value in (BUY_NOW.lower(), PREV_PAGE.lower(), BACK_TO_SEARCH.lower()) or value in self.chosen:
-                        continue
-                    if value in {"description", "features", "reviews"}:
-                        continue
-                    if f" {value} " in self.words:
+                    if value not in buttons and value not in self.chosen and f" {value} " in self.words:
                         self.chosen.add(value)
                         return f"click[{value}]"
             return f"click[{BUY_NOW.lower()}]"

@@ -123,13 +123,10 @@ class PendingScores:
         k_max = max([len(c) for c in self.candidate_lengths] + [1])
         if self.out is None:
             return np.zeros((0, 0), np.float32)
-        scores = np.array(jax.device_get(self.out), np.float32)[: self.rows, :k_max]
-        lengths = np.ones((self.rows, k_max), np.float32)
+        raw = np.asarray(jax.device_get(self.out), np.float32)
+        scores = np.full((self.rows, k_max), -np.inf, np.float32)  # missing candidates stay -inf
         for r, lens in enumerate(self.candidate_lengths):
-            lengths[r, : len(lens)] = lens
-        scores = normalize_scores(scores, lengths, self.norm)
-        for r, lens in enumerate(self.candidate_lengths):
-            scores[r, len(lens):] = -np.inf
+            scores[r, : len(lens)] = normalize_scores(raw[r, : len(lens)], np.asarray(lens, np.float32), self.norm)
         return scores
 
 
