@@ -65,7 +65,7 @@ class Recorder:
         self.compiled: set[tuple] = set()
 
     def install(self) -> None:
-        tick, program, prepare = RolloutEngine.tick, scoring._score_prefix_cached, scoring.prepare_jit
+        tick, program, prepare = RolloutEngine.tick, scoring._score_packed, scoring.prepare_jit
         recorder = self
 
         def recorded_tick(engine, params_at):
@@ -88,7 +88,7 @@ class Recorder:
             return prepare(perturbation, params)
 
         RolloutEngine.tick = recorded_tick
-        scoring._score_prefix_cached = recorded_program
+        scoring._score_packed = recorded_program
         scoring.prepare_jit = recorded_prepare
         self._program, self._prepare = program, prepare
 

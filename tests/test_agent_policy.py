@@ -55,6 +55,23 @@ def test_prefix_cached_scoring_equals_naive_with_perturbation(model):
     assert np.abs(cached[0][finite[0]] - plain[0][finite[0]]).max() > 1e-3
 
 
+@pytest.mark.parametrize("mode", ["lowrank", "full"])
+def test_packed_candidates_equal_full_sequences(model, mode):
+    """Packed rows (uneven lengths, empty candidates anywhere, a row filling its length bucket exactly) score
+    like each prompt+candidate run alone, for both perturbation modes."""
+    config, params = model
+    prompts = [[5, 6, 7], [9, 8, 7, 6, 5, 4], [2]]
+    cands = [[[1] * 8, [2, 3], [], [4, 5, 6]] * 2, [[7, 8, 9, 10, 11, 12, 13, 14], [15] * 8], [[3], []]]
+    spec = NoiseSpec(seed=3, mode=mode, rank=2, scope=Scope(kind="all"))
+    pert = Perturbation.create(spec, 0.05, [1, 1, 4], [0, 1, 2], [True, True, True])
+    packed = score_candidates(config, params, prompts, cands, pert, buckets=Buckets(lengths=(8, 16, 26)))
+    naive = score_candidates(config, params, prompts, cands, pert, prefix_cache=False)
+    finite = np.isfinite(naive)
+    assert np.array_equal(finite, np.isfinite(packed)) and finite.sum() == 12
+    assert np.abs(packed[finite] - naive[finite]).max() <= 1e-4
+    assert packed[0, 2] == 0.0 and packed[2, 1] == 0.0  # empty candidates
+
+
 def test_empty_candidate_scores_zero_and_bad_ids_raise(model):
     config, params = model
     scores = score_candidates(config, params, [[1, 2]], [[[], [3]]])
@@ -67,10 +84,10 @@ def test_empty_candidate_scores_zero_and_bad_ids_raise(model):
 
 def test_scoring_compiles_one_program_per_bucket(model):
     config, params = model
-    before = scoring._score_prefix_cached._cache_size()
+    before = scoring._score_packed._cache_size()
     for n in (9, 11, 13):  # prompt lengths in one bucket (16), candidate lengths in one bucket (8)
         score_candidates(config, params, [list(range(1, n + 1))], [[[1, 2, 3], [4]]])
-    assert scoring._score_prefix_cached._cache_size() - before <= 1
+    assert scoring._score_packed._cache_size() - before <= 1
 
 
 class _WordTokenizer:

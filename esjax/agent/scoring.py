@@ -1,9 +1,15 @@
 """Candidate scoring: log-likelihood of K candidate continuations per prompt, per row's ES member.
 
-The prompt is run once per row into a KV cache (left-padded, so every prompt ends at the same slot); the
-cache is repeated for the row's K candidates, which run together in one batch (right-padded) on top of it.
-Each candidate row keeps its prompt row's member, and noise is generated once per member group. Log-probs
-go through the output head in time chunks so ``rows × K × length × vocab`` logits are never all live.
+The prompt is run once per row into a KV cache (left-padded, so every prompt ends at the same slot). A row's
+candidates are then **packed** one after another into a single sequence on top of that cache: every
+candidate token sees the prompt and the earlier tokens of its own candidate only (a segment mask ANDed with
+the causal one), and its RoPE position restarts at the prompt's end. Packing computes each real candidate
+token once: a ``[rows, K, longest]`` layout pads every candidate to the longest one and every row to the
+largest K, which on WebShop pages (12 titles of 5–24 tokens; item pages with up to 50 short options)
+computed three padded tokens per real one. The program returns per-token log-probs ``[rows, length]``;
+the host sums them per candidate, so the candidate count is not part of the compiled shape. Log-probs go
+through the output head in time chunks so ``rows × length × vocab`` logits are never all live. Each row
+keeps its ES member; noise is generated once per member group.
 """
 
 from __future__ import annotations
@@ -55,25 +61,26 @@ def token_logprobs(config: ModelConfig, params: Any, hidden: jax.Array, targets:
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def _score_prefix_cached(config: ModelConfig, params, prepared: Prepared | None, p_tok, p_mask, c_tok, c_mask):
-    """``prepared`` holds one noise draw per member group, shared by the prompt and its candidates."""
+def _score_packed(config: ModelConfig, params, prepared: Prepared | None, p_tok, p_mask, c_tok, c_seg, c_off):
+    """Per-token log-probs ``[rows, L]`` of packed candidates (``c_seg``: candidate index, -1 = padding;
+    ``c_off``: offset in its candidate). ``prepared`` holds one noise draw per member group."""
     rows, plen = p_tok.shape
-    _, K, clen = c_tok.shape
+    length = c_tok.shape[1]
     dtype = params["embed"]["embedding"].dtype
-    cache = init_cache(config, rows, plen + clen, dtype)
+    cache = init_cache(config, rows, plen + length, dtype)
     hidden_p, cache = forward(config, params, p_tok, default_positions(p_mask), p_mask, cache, prepared,
                               return_hidden=True)
-    last = jnp.repeat(hidden_p[:, -1:], K, axis=0)  # predicts each candidate's first token
-    cache = {"k": jnp.repeat(cache["k"], K, axis=1), "v": jnp.repeat(cache["v"], K, axis=1),
-             "valid": jnp.repeat(cache["valid"], K, axis=0), "index": cache["index"]}
-    prompt_len = p_mask.sum(axis=1).astype(jnp.int32)
-    c_pos = jnp.repeat(prompt_len, K)[:, None] + jnp.arange(clen, dtype=jnp.int32)[None]
-    c_tok = c_tok.reshape(rows * K, clen)
-    c_mask = c_mask.reshape(rows * K, clen)
-    hidden_c, _ = forward(config, params, c_tok, c_pos, c_mask, cache, prepared, return_hidden=True)
-    pred = jnp.concatenate([last, hidden_c[:, :-1]], axis=1)
+    c_mask = c_seg >= 0
+    c_pos = p_mask.sum(axis=1).astype(jnp.int32)[:, None] + c_off
+    own_segment = c_seg[:, :, None] == c_seg[:, None, :]  # [rows, L, L]
+    visible = jnp.concatenate([jnp.ones((rows, length, plen), bool), own_segment], axis=2)
+    hidden_c, _ = forward(config, params, c_tok, c_pos, c_mask, cache, prepared, visible=visible,
+                          return_hidden=True)
+    last = hidden_p[:, -1:]  # predicts every candidate's first token
+    previous = jnp.concatenate([last, hidden_c[:, :-1]], axis=1)
+    pred = jnp.where((c_off == 0)[..., None], last, previous)
     logp = token_logprobs(config, params, pred, c_tok, prepared)
-    return jnp.where(c_mask, logp, 0.0).sum(axis=1).reshape(rows, K)
+    return jnp.where(c_mask, logp, 0.0)
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
@@ -111,6 +118,8 @@ class PendingScores:
     """Scores of a dispatched policy call; :meth:`result` waits for the device and finishes them on the host.
 
     JAX dispatches asynchronously, so a caller can pad and dispatch its next call while this one computes.
+    ``out`` is per-token log-probs ``[rows, L]`` of packed candidates (summed here per candidate) or, for the
+    full-sequence reference, per-candidate sums ``[rows, K]``.
     """
 
     out: Any
@@ -118,6 +127,7 @@ class PendingScores:
     candidate_lengths: list[list[int]]
     norm: ScoreNorm
     shape: dict[str, int]
+    packed: bool = True
 
     def result(self) -> np.ndarray:
         k_max = max([len(c) for c in self.candidate_lengths] + [1])
@@ -126,7 +136,15 @@ class PendingScores:
         raw = np.asarray(jax.device_get(self.out), np.float32)
         scores = np.full((self.rows, k_max), -np.inf, np.float32)  # missing candidates stay -inf
         for r, lens in enumerate(self.candidate_lengths):
-            scores[r, : len(lens)] = normalize_scores(raw[r, : len(lens)], np.asarray(lens, np.float32), self.norm)
+            if not lens:
+                continue
+            lengths = np.asarray(lens, np.int64)
+            if self.packed:  # candidate k of row r: the slice [start_k, start_k + len_k) of its row (padding is 0)
+                sums = np.add.reduceat(np.append(raw[r], np.float32(0)), np.cumsum(lengths) - lengths)
+                summed = np.where(lengths > 0, sums, 0.0).astype(np.float32)  # reduceat of an empty slice
+            else:
+                summed = raw[r, : len(lens)]
+            scores[r, : len(lens)] = normalize_scores(summed, lengths.astype(np.float32), self.norm)
         return scores
 
 
@@ -136,8 +154,9 @@ def dispatch_scores(config: ModelConfig, params: Any, prompt_ids: Sequence[Seque
                     norm: ScoreNorm = "sum") -> PendingScores:
     """:func:`score_candidates` without waiting: pads, dispatches the program and returns its pending scores.
 
-    ``PendingScores.shape`` holds the padded call shape (``rows``, ``prompt_len``, ``candidates``,
-    ``candidate_len``) and ``padded_tokens`` (tokens the program computes), for throughput accounting.
+    ``PendingScores.shape`` holds the padded call shape (``rows``, ``prompt_len``, ``candidate_len``: the
+    packed candidate tokens per row, or candidates × longest candidate for the full-sequence reference) and
+    ``padded_tokens`` (tokens the program computes), for throughput accounting.
     """
     rows = len(prompt_ids)
     if len(candidate_ids) != rows:
@@ -150,26 +169,48 @@ def dispatch_scores(config: ModelConfig, params: Any, prompt_ids: Sequence[Seque
     check_ids(prompt_ids, config.vocab_size, "prompt_ids")
     for r, cands in enumerate(candidate_ids):
         check_ids(cands, config.vocab_size, f"candidate_ids[{r}]", allow_empty=True)
-    k_max = max(max(len(c) for c in cand_lengths), 1)
     group = 1 if perturbation is None else perturbation.group_size
     rows_b = buckets.row(rows, multiple=group)
-    k_b = buckets.candidate(k_max)
     plen = buckets.length(max(len(p) for p in prompt_ids))
-    clen = buckets.length(max([n for lens in cand_lengths for n in lens] + [1]))
-    shape = {"rows": rows_b, "prompt_len": plen, "candidates": k_b, "candidate_len": clen,
-             "padded_tokens": rows_b * (plen + k_b * clen)}
-
     p_tok, p_mask = left_pad(prompt_ids, rows_b, plen)
-    flat = [list(c) for cands in candidate_ids for c in list(cands) + [[]] * (k_b - len(cands))]
-    flat += [[]] * ((rows_b - rows) * k_b)
-    c_tok, c_mask = right_pad(flat, rows_b * k_b, clen)
-    c_tok = c_tok.reshape(rows_b, k_b, clen)
-    c_mask = c_mask.reshape(rows_b, k_b, clen)
     pert = pad_perturbation(perturbation, rows, rows_b)
-    fn = _score_prefix_cached if prefix_cache else _score_full_sequence
     prepared = None if pert is None else prepare_jit(pert, params)
-    out = fn(config, params, prepared, *(put_batch(a) for a in (p_tok, p_mask, c_tok, c_mask)))
-    return PendingScores(out, rows, cand_lengths, norm, shape)
+    if prefix_cache:
+        c_tok, c_seg, c_off = pack_candidates(candidate_ids, cand_lengths, rows_b, buckets)
+        arrays, fn = (p_tok, p_mask, c_tok, c_seg, c_off), _score_packed
+        cand_tokens = c_tok.shape[1]
+    else:
+        k_b = buckets.candidate(max(max(len(c) for c in cand_lengths), 1))
+        clen = buckets.length(max([n for lens in cand_lengths for n in lens] + [1]))
+        flat = [list(c) for cands in candidate_ids for c in list(cands) + [[]] * (k_b - len(cands))]
+        flat += [[]] * ((rows_b - rows) * k_b)
+        c_tok, c_mask = right_pad(flat, rows_b * k_b, clen)
+        arrays = (p_tok, p_mask, c_tok.reshape(rows_b, k_b, clen), c_mask.reshape(rows_b, k_b, clen))
+        fn, cand_tokens = _score_full_sequence, k_b * clen
+    shape = {"rows": rows_b, "prompt_len": plen, "candidate_len": cand_tokens,
+             "padded_tokens": rows_b * (plen + cand_tokens)}
+    out = fn(config, params, prepared, *(put_batch(a) for a in arrays))
+    return PendingScores(out, rows, cand_lengths, norm, shape, packed=prefix_cache)
+
+
+def pack_candidates(candidate_ids: Sequence[Sequence[Sequence[int]]], lengths: Sequence[Sequence[int]], rows: int,
+                    buckets: Buckets) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's candidates back to back: ``tokens``, ``segment`` (candidate index; -1 = padding) and
+    ``offset`` (position in the candidate), each ``[rows, L]`` with ``L`` the bucket of the longest row."""
+    totals = [sum(lens) for lens in lengths]
+    length = buckets.length(max(totals + [1]))
+    tokens = np.zeros((rows, length), np.int32)
+    segment = np.full((rows, length), -1, np.int32)
+    offset = np.zeros((rows, length), np.int32)
+    for r, (cands, lens, total) in enumerate(zip(candidate_ids, lengths, totals)):
+        if not total:
+            continue
+        lens = np.asarray(lens, np.int64)
+        starts = np.cumsum(lens) - lens
+        tokens[r, :total] = np.fromiter((t for c in cands for t in c), np.int32, total)
+        segment[r, :total] = np.repeat(np.arange(len(lens), dtype=np.int32), lens)
+        offset[r, :total] = np.arange(total) - np.repeat(starts, lens)
+    return tokens, segment, offset
 
 
 def score_candidates(config: ModelConfig, params: Any, prompt_ids: Sequence[Sequence[int]],

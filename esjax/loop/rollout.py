@@ -2,9 +2,9 @@
 
 Each live episode belongs to a training member ``(version, index)`` or to an evaluation of the
 unperturbed θ at some version. Per tick, the episodes waiting for an action are grouped by version and
-served by **one batched policy call per live version** (candidate scoring with per-row ES members); the
-chosen actions go through the env pool in one batched step; finished episodes are handed back, and freed
-env rows are reused at once.
+served by **a few batched policy calls per live version** (candidate scoring with per-row ES members; rows of
+similar length share a call, see :meth:`RolloutEngine._calls`); the chosen actions go through the env pool
+in one batched step; finished episodes are handed back, and freed env rows are reused at once.
 
 Everything here is deterministic given the episodes started: action sampling draws from a counter-based
 seed of (task batch sampling seed, position in the batch, step) — the same for every member of one version
@@ -34,18 +34,32 @@ from esjax.model.perturb import Perturbation
 EpisodeKind = Literal["train", "eval"]
 
 #: Padded shapes of the rollout's policy calls. Every distinct shape is a compiled program (seconds of CPU
-#: compile each), and every padded slot is computed: lengths in steps of 8 up to 32 (candidates are cut at
-#: ~24 tokens; the compact prompt is ~30-60) and candidate counts near WebShop's (a results page has 12
-#: candidates, an item page a handful) keep both the padding and the program count small.
-ROLLOUT_BUCKETS = Buckets(rows=(8, 16, 32, 64, 128), lengths=(8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 2048),
+#: compile each), and every padded slot is computed: prompt lengths in steps of 8 to 32, then ~25% apart
+#: (the compact prompt is ~90-120 tokens), and a row's packed candidates (a results page: ~12 titles of up to
+#: 24 tokens; an item page: options of a few tokens each) in steps of 32 up to 256.
+ROLLOUT_BUCKETS = Buckets(rows=(8, 16, 32, 64, 128),
+                          lengths=(8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 512, 768, 1024,
+                                   2048, 4096),
                           candidates=(4, 8, 12, 16, 32, 64, 128, 256))
 
 #: Most rows in one policy call: bigger groups are split, so the largest row bucket bounds a call's memory.
 MAX_CALL_ROWS = 128
 
-#: Rows whose longest candidate has at most this many tokens (item pages: ``choose x``, ``buy now``) are
-#: scored apart from rows with long candidates (product titles), so short rows are not padded to long ones.
-SHORT_CANDIDATE_TOKENS = 8
+
+def call_sizes(n: int, row_buckets: Sequence[int], most: int = MAX_CALL_ROWS) -> list[int]:
+    """Split ``n`` rows into calls of bucket sizes, largest first, so only the last call pads rows.
+
+    ``111 -> [64, 32, 15]`` (15 padded to 16) instead of one call of 111 padded to 128: every padded row is
+    computed, and a few more calls cost little next to that (they are all dispatched before any is read).
+    """
+    sizes = sorted(s for s in row_buckets if s <= most) or [most]
+    out = []
+    while n > 0:
+        fitting = [s for s in sizes if s <= n]
+        take = fitting[-1] if fitting else n
+        out.append(take)
+        n -= take
+    return out
 
 
 @dataclasses.dataclass
@@ -87,13 +101,13 @@ class TickStats:
 
     rows: int = 0  # episodes that acted
     model_rows: int = 0  # rows that needed a policy call (more than one candidate)
-    calls: int = 0  # batched policy calls (per live version and candidate-length class)
+    calls: int = 0  # batched policy calls
     tokens: int = 0  # prompt + candidate tokens scored
     padded_tokens: int = 0  # tokens the policy programs computed (tokens / padded_tokens = padding efficiency)
     prepare_s: float = 0.0  # building prompts and candidates, tokenizing
     model_s: float = 0.0  # policy calls: padding, dispatch, device compute, reading scores back
     env_s: float = 0.0  # env steps
-    shapes: list[tuple[int, int, int, int]] = dataclasses.field(default_factory=list)  # padded call shapes
+    shapes: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)  # (rows, prompt, candidate tokens)
 
     def add(self, other: TickStats) -> None:
         for f in dataclasses.fields(self):
@@ -193,16 +207,26 @@ class RolloutEngine:
         return int(rng.choice(len(probs), p=probs))
 
     def _calls(self, waiting: list[Episode], inputs: dict[int, tuple]) -> list[tuple[int, list[Episode]]]:
-        """The tick's policy calls: ``(version, episodes)``, grouped by version and candidate-length class,
-        at most :data:`MAX_CALL_ROWS` rows each, in a fixed order (determinism)."""
-        groups: dict[tuple[int, bool], list[Episode]] = {}
+        """The tick's policy calls: ``(version, episodes)`` in a fixed order (determinism).
+
+        Rows are grouped by version (one θ per call), sorted by their packed candidate tokens so each call
+        holds rows of similar length (a row pads to the longest of its call), and split into calls of
+        bucket sizes (:func:`call_sizes`).
+        """
+        groups: dict[int, list[tuple[int, int, Episode]]] = {}
         for episode in waiting:
             cand_ids = inputs[episode.row][2]
             if len(cand_ids) > 1:
-                short = max(len(c) for c in cand_ids) <= SHORT_CANDIDATE_TOKENS
-                groups.setdefault((episode.version, short), []).append(episode)
-        return [(version, group[i:i + MAX_CALL_ROWS]) for (version, _), group in sorted(groups.items())
-                for i in range(0, len(group), MAX_CALL_ROWS)]
+                total = sum(len(c) for c in cand_ids)
+                groups.setdefault(episode.version, []).append((total, episode.row, episode))
+        calls = []
+        for version, group in sorted(groups.items()):
+            ordered = [episode for _, _, episode in sorted(group, key=lambda item: item[:2])]
+            start = 0
+            for size in call_sizes(len(ordered), self.buckets.rows or (MAX_CALL_ROWS,)):
+                calls.append((version, ordered[start:start + size]))
+                start += size
+        return calls
 
     def tick(self, params_at: Callable[[int], Any]) -> tuple[list[Episode], TickStats]:
         """Every live episode takes one action; returns the episodes that finished and the tick's stats."""
@@ -229,7 +253,7 @@ class RolloutEngine:
             stats.model_rows += len(group)
             stats.tokens += sum(len(p) for p in prompts) + sum(len(c) for cs in cand_ids for c in cs)
             stats.padded_tokens += call.shape["padded_tokens"]
-            stats.shapes.append(tuple(call.shape[k] for k in ("rows", "prompt_len", "candidates", "candidate_len")))
+            stats.shapes.append(tuple(call.shape[k] for k in ("rows", "prompt_len", "candidate_len")))
         for group, call in pending:
             for episode, row_scores in zip(group, call.result()):
                 choice[episode.row] = self._choose(episode, row_scores[: len(inputs[episode.row][1])])

@@ -47,7 +47,7 @@ def _get(tree: Any, *keys: str) -> Any:
     return tree
 
 
-def _layer(config: ModelConfig, sigma, x, lp, ln, cos, sin, q_slots, k_valid, kv, index, layer):
+def _layer(config: ModelConfig, sigma, x, lp, ln, cos, sin, q_slots, k_valid, visible, kv, index, layer):
     """One decoder block. ``lp``: this layer's params; ``ln``: its per-group noise (or None)."""
     B, T, _ = x.shape
 
@@ -70,7 +70,7 @@ def _layer(config: ModelConfig, sigma, x, lp, ln, cos, sin, q_slots, k_valid, kv
         kv = (k_all, v_all)
         keys = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False).astype(q.dtype)
         values = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False).astype(q.dtype)
-    attn = nn.attention(q, keys, values, q_slots, k_valid)
+    attn = nn.attention(q, keys, values, q_slots, k_valid, visible)
     x = x + lin(attn, "attn", "o_proj")
     x = constrain(x, ACTIVATION_AXES)
     h = nn.rms_norm(x, lp["post_attn_norm"]["scale"], config.rms_norm_eps, _get(ln, "post_attn_norm", "scale"))
@@ -85,7 +85,7 @@ def _layer_axis_first(tree: Any) -> Any:
     return jax.tree.map(lambda x: jnp.moveaxis(x, 1, 0), tree)
 
 
-def _core(config: ModelConfig, params, noise, sigma, tokens, positions, mask, kv, index, return_hidden):
+def _core(config: ModelConfig, params, noise, sigma, tokens, positions, mask, visible, kv, index, return_hidden):
     """Forward on already-prepared low-rank noise (or none). ``kv``: (k, v, valid) or None."""
     table = params["embed"]["embedding"]
     x = nn.embed(tokens, table, _get(noise, "embed", "embedding"), sigma).astype(table.dtype)
@@ -104,7 +104,7 @@ def _core(config: ModelConfig, params, noise, sigma, tokens, positions, mask, kv
     def body(carry, xs):
         x, kv_c = carry
         lp, ln, layer = xs
-        x, kv_c = _layer(config, sigma, x, lp, ln, cos, sin, q_slots, k_valid, kv_c, index, layer)
+        x, kv_c = _layer(config, sigma, x, lp, ln, cos, sin, q_slots, k_valid, visible, kv_c, index, layer)
         return (x, kv_c), None
 
     xs = (params["layers"], layer_noise, jnp.arange(config.num_layers))
@@ -138,20 +138,21 @@ def _merge_groups(x: jax.Array, axis: int) -> jax.Array:
     return x.reshape(*shape[:axis], shape[axis] * shape[axis + 1], *shape[axis + 2:])
 
 
-def _core_full(config, prepared: Prepared, tokens, positions, mask, kv, index, return_hidden):
+def _core_full(config, prepared: Prepared, tokens, positions, mask, visible, kv, index, return_hidden):
     G = prepared.groups
     row_args = [_split_groups(a, G, 0) for a in (tokens, positions, mask)]
+    vis_g, vis_axis = (None, None) if visible is None else (_split_groups(visible, G, 0), 0)
     kv_g = None
     kv_axes = None
     if kv is not None:
         kv_g = (_split_groups(kv[0], G, 1), _split_groups(kv[1], G, 1), _split_groups(kv[2], G, 0))
         kv_axes = (1, 1, 0)
 
-    def one(p, t, pos, m, kv_one):
-        return _core(config, p, None, prepared.sigma, t, pos, m, kv_one, index, return_hidden)
+    def one(p, t, pos, m, vis, kv_one):
+        return _core(config, p, None, prepared.sigma, t, pos, m, vis, kv_one, index, return_hidden)
 
-    out, new_kv = jax.vmap(one, in_axes=(0, 0, 0, 0, kv_axes), out_axes=(0, kv_axes))(
-        prepared.group_params, *row_args, kv_g)
+    out, new_kv = jax.vmap(one, in_axes=(0, 0, 0, 0, vis_axis, kv_axes), out_axes=(0, kv_axes))(
+        prepared.group_params, *row_args, vis_g, kv_g)
     out = _merge_groups(out, 0)
     if new_kv is not None:
         new_kv = (_merge_groups(new_kv[0], 1), _merge_groups(new_kv[1], 1), _merge_groups(new_kv[2], 0))
@@ -172,7 +173,7 @@ def default_positions(mask: jax.Array, start: jax.Array | int = 0) -> jax.Array:
 def forward(config: ModelConfig, params: Any, tokens: jax.Array, positions: jax.Array | None = None,
             mask: jax.Array | None = None, cache: Cache | None = None,
             perturbation: Perturbation | Prepared | None = None, *,
-            return_hidden: bool = False) -> tuple[jax.Array, Cache | None]:
+            visible: jax.Array | None = None, return_hidden: bool = False) -> tuple[jax.Array, Cache | None]:
     """Run the decoder on ``tokens [B, T]``; returns float32 ``logits [B, T, vocab]`` and the updated cache.
 
     Args:
@@ -183,6 +184,9 @@ def forward(config: ModelConfig, params: Any, tokens: jax.Array, positions: jax.
       mask: ``[B, T]`` bool, True for real tokens (default: all True).
       cache: from ``init_cache`` or a previous call; the tokens are written at ``cache['index']``.
       perturbation: per-row members (or a ``prepare``-d one to reuse noise across calls); None: plain model.
+      visible: optional ``[B, T, S]`` bool (``S`` = cache length, or ``T`` without a cache) ANDed with the
+        causal and padding masks: key slot ``j`` is visible to query ``i`` only where it is True (packed
+        candidates use it so each one sees the prompt and its own earlier tokens only).
       return_hidden: return the final-normed hidden states ``[B, T, hidden]`` instead of logits.
     """
     tokens = jnp.asarray(tokens, jnp.int32)
@@ -196,11 +200,11 @@ def forward(config: ModelConfig, params: Any, tokens: jax.Array, positions: jax.
     kv = None if cache is None else (cache["k"], cache["v"], cache["valid"])
     index = None if cache is None else cache["index"]
     if prepared is not None and prepared.mode == "full":
-        out, new_kv = _core_full(config, prepared, tokens, positions, mask, kv, index, return_hidden)
+        out, new_kv = _core_full(config, prepared, tokens, positions, mask, visible, kv, index, return_hidden)
     else:
         noise = None if prepared is None else prepared.noise
         sigma = jnp.zeros((), jnp.float32) if prepared is None else prepared.sigma
-        out, new_kv = _core(config, params, noise, sigma, tokens, positions, mask, kv, index, return_hidden)
+        out, new_kv = _core(config, params, noise, sigma, tokens, positions, mask, visible, kv, index, return_hidden)
     new_cache = None
     if new_kv is not None:
         new_cache = {"k": new_kv[0], "v": new_kv[1], "valid": new_kv[2], "index": index + tokens.shape[1]}

@@ -1,0 +1,22 @@
+"""Rollout call planning: rows split into calls of bucket sizes, so only the last call of a group pads rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from esjax.loop.rollout import MAX_CALL_ROWS, ROLLOUT_BUCKETS, call_sizes
+
+ROWS = ROLLOUT_BUCKETS.rows
+
+
+@pytest.mark.parametrize("n, expected", [(1, [1]), (8, [8]), (111, [64, 32, 8, 7]), (67, [64, 3]),
+                                         (128, [128]), (300, [128, 128, 32, 8, 4])])
+def test_call_sizes_use_whole_buckets_first(n, expected):
+    assert call_sizes(n, ROWS) == expected
+
+
+def test_call_sizes_cover_every_row_and_pad_at_most_one_small_call():
+    for n in range(1, 400):
+        sizes = call_sizes(n, ROWS)
+        assert sum(sizes) == n and max(sizes) <= MAX_CALL_ROWS
+        assert sum(1 for s in sizes if s not in ROWS) <= 1 and all(s in ROWS for s in sizes[:-1])
