@@ -426,10 +426,21 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return _read_tree(path)[0]
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
-    """Read a YAML config file (or defaults when ``path`` is None) and apply ``--set`` overrides."""
+def load_config(path: str | Path | None, overrides: list[str] | None = None, *,
+                base: dict[str, Any] | None = None, base_source: str = "<base>") -> Config:
+    """Read a YAML config file (or defaults when ``path`` is None) and apply ``--set`` overrides.
+
+    ``base`` (a dict of sections, e.g. the settings an export recorded beside its weights) lies under the
+    file: keys the file or an override sets win; a bad key of ``base`` is blamed on ``base_source``."""
     source = str(path) if path is not None else "<defaults>"
     raw, origins = _read_tree(path) if path is not None else ({}, {})
+    if base:
+        if not isinstance(base, dict):
+            raise ConfigError(f"{base_source}: expected a mapping of sections, got {type(base).__name__}")
+        under = dict.fromkeys(_key_paths(base), base_source)
+        raw, origins = _deep_merge(base, raw), {**under, **origins}
+        if path is None:
+            source = base_source
     for text in overrides or []:
         key, value = parse_override(text)
         where = f"--set {text[:200] if text.isprintable() else repr(text[:200])}"

@@ -1,50 +1,130 @@
-"""``python -m esjax.eval --run-dir DIR | --model PATH``: score a trained run or an HF folder on held-out goals."""
+"""``python -m esjax.eval --run-dir DIR | --model PATH``: score a trained run or an HF folder on held-out goals.
+
+A folder written by ``esjax.export`` carries the run's settings (``esjax.json``: data, goals, max steps,
+prompt style, ...): ``--model`` uses them unless ``--config``, ``--data``, ``--split`` or ``--goals`` set a key
+(or ``--ignore-run-settings`` is given), and says which settings came from the file.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
+from typing import Any
 
 from esjax.cli_util import UserError, run_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m esjax.eval", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m esjax.eval", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run-dir", help="a run directory written by esjax.run (uses its latest checkpoint)")
-    source.add_argument("--model", help="an HF folder (config.json, model.safetensors, tokenizer.json)")
-    parser.add_argument("--config", help="config for --model runs (env and agent sections); default settings")
+    source.add_argument("--model", help="an HF folder (config.json, model.safetensors, tokenizer.json; "
+                                        "esjax.json when written by esjax.export)")
+    parser.add_argument("--config", help="config for --model runs (env and agent sections); its keys override "
+                                         "the export's esjax.json; default settings otherwise")
     parser.add_argument("--data", help="'synthetic' or a WebShop data folder (default: the run's / config's)")
     parser.add_argument("--split", default=None, choices=["test", "eval", "train"], help="goal split")
     parser.add_argument("--goals", type=int, default=None, help="number of goals (default: the config's)")
+    parser.add_argument("--ignore-run-settings", action="store_true",
+                        help="--model: do not read the export's esjax.json (use --config or the defaults)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     return parser
 
 
+def read_run_settings(model_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any], Path] | None:
+    """(config sections, the whole file, its path) of an export's ``esjax.json``, or None when there is none."""
+    from esjax.export import SETTINGS_FILE
+
+    path = Path(model_dir).expanduser() / SETTINGS_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{path}: cannot read the export's run settings ({err.__class__.__name__}); "
+                        "pass --ignore-run-settings to evaluate without them") from None
+    sections = data.get("config") if isinstance(data, dict) else None
+    if not isinstance(sections, dict):
+        raise UserError(f"{path}: no 'config' mapping of sections; pass --ignore-run-settings to evaluate "
+                        "without it")
+    return sections, data, path
+
+
+def _lookup(tree: dict[str, Any], dotted: str) -> Any:
+    node: Any = tree
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def _settings_line(config: Any, base: dict[str, Any], user_set: dict[str, str], path: Path) -> str:
+    """``settings from DIR/esjax.json: env.data=..., ...; overridden: env.eval_goals=8 (--goals)``."""
+    from esjax.export import EVAL_KEYS
+
+    dumped = config.model_dump(mode="json")
+    used, overridden = [], []
+    for key in EVAL_KEYS:
+        if key == "env.num_products" and config.env.data != "synthetic":
+            continue
+        value = _lookup(dumped, key)
+        if key in user_set:
+            overridden.append(f"{key}={value} ({user_set[key]})")
+        elif _lookup(base, key) is not None:
+            used.append(f"{key}={value}")
+    line = f"settings from {path}: {', '.join(used) or 'none used'}"
+    if overridden:
+        line += f"; overridden: {', '.join(overridden)}"
+    return line
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from esjax.config import load_config
-    from esjax.trainer import build_agent, build_policy, build_shop, load_run, resume_config
+    from esjax.config import load_config, read_yaml
+    from esjax.trainer import build_agent, build_policy, build_shop, load_run, resolve_prompt_style, resume_config
 
     overrides = []
-    if args.data:
-        overrides.append(f"env.data={args.data}")
-    if args.split:
-        overrides.append(f"env.eval_split={args.split}")
-    if args.goals:
-        overrides.append(f"env.eval_goals={args.goals}")
+    user_set: dict[str, str] = {}  # key -> the flag that set it
+    for flag, key, value in (("--data", "env.data", args.data), ("--split", "env.eval_split", args.split),
+                             ("--goals", "env.eval_goals", args.goals)):
+        if value:
+            overrides.append(f"{key}={value}")
+            user_set[key] = flag
     if args.run_dir:
         config = resume_config(args.run_dir, overrides)
         shop, policy, params, version = load_run(args.run_dir, config)
         what = f"{args.run_dir} (version {version})"
     else:
-        config = load_config(args.config, [*overrides, "model.source=hf", f"model.path={args.model}"])
+        found = None if args.ignore_run_settings else read_run_settings(args.model)
+        if args.config:
+            from esjax.config import _key_paths
+
+            for keys in _key_paths(read_yaml(args.config)):
+                user_set.setdefault(".".join(keys), "--config")
+        model = ["model.source=hf", f"model.path={args.model}"]
+        if found is None:
+            config = load_config(args.config, [*overrides, *model])
+        else:
+            base, data, path = found
+            config = load_config(args.config, [*overrides, *model], base=base, base_source=str(path))
+            print(_settings_line(config, base, user_set, path), file=sys.stderr)
+            origin = data.get("exported_from") or {}
+            run_eval = origin.get("run_eval") or {}
+            if run_eval.get("score") is not None:
+                print(f"the run ({origin.get('run_dir')}) scored {run_eval['score']:.1f} at version "
+                      f"{run_eval.get('version')} on {run_eval.get('goals')} goals", file=sys.stderr)
         shop = build_shop(config)
         policy = build_policy(config, shop)
         params, what = policy.params, args.model
     goals = list(shop.split(config.env.eval_split))[: config.env.eval_goals]
     if not goals:
         raise UserError(f"env.eval_split: no {config.env.eval_split!r} goals in this shop")
+    print(f"evaluating {what} on {len(goals)} {config.env.eval_split} goals of {shop.name}, max "
+          f"{config.env.max_steps} steps, prompt style {resolve_prompt_style(config, policy)}", file=sys.stderr)
     from esjax.evaluate import evaluate_policy
 
     result = evaluate_policy(policy.config, params, build_agent(config, policy), shop, goals, config.env.max_steps)

@@ -104,10 +104,16 @@ def build_policy(config: Config, shop) -> LoadedPolicy:
         raise ConfigError(f"model.path: {err}") from None
 
 
-def build_agent(config: Config, policy: LoadedPolicy) -> WebShopAgent:
+def resolve_prompt_style(config: Config, policy: LoadedPolicy) -> str:
+    """``agent.prompt_style`` with ``auto`` decided: chat for an HF model with a chat template, else compact."""
     style = config.agent.prompt_style
     if style == "auto":
         style = "chat" if policy.chat_template is not None and config.model.source == "hf" else "compact"
+    return style
+
+
+def build_agent(config: Config, policy: LoadedPolicy) -> WebShopAgent:
+    style = resolve_prompt_style(config, policy)
     renderer = policy.chat_renderer()
     if style == "chat" and renderer is None:
         raise ConfigError("agent.prompt_style: 'chat' needs a model with a chat template "

@@ -113,7 +113,7 @@ def test_corrupt_latest_checkpoint_falls_back(reference_run, tmp_path):
     assert version == 4 and _params_equal(reference_run.params, params)
 
 
-def test_eval_and_export_of_a_run(reference_run, tmp_path):
+def test_eval_and_export_of_a_run(reference_run, tmp_path, capsys):
     out = _run_cli("esjax.eval", "--run-dir", str(reference_run.run_dir), "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -123,6 +123,24 @@ def test_eval_and_export_of_a_run(reference_run, tmp_path):
     export_dir = tmp_path / "hf"
     out = _run_cli("esjax.export", "--run-dir", str(reference_run.run_dir), "--out", str(export_dir))
     assert out.returncode == 0, out.stderr[-2000:]
+    # the export carries the run's env and agent settings: evaluating it with no flags reproduces the run's
+    # final evaluation exactly (same 100-product shop, goals, step cap and prompt style), and says so
+    settings = json.loads((export_dir / "esjax.json").read_text())
+    assert settings["config"]["env"]["num_products"] == 100 and settings["config"]["env"]["max_steps"] == 6
+    assert settings["exported_from"]["run_eval"]["score"] == last_eval["score"]
+    from esjax import eval as eval_cli
+
+    capsys.readouterr()
+    assert eval_cli.main(["--model", str(export_dir), "--json"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out.strip().splitlines()[-1])
+    assert result["goals"] == 6 and result["score"] == last_eval["score"]
+    assert f"settings from {export_dir / 'esjax.json'}: env.data=synthetic, env.num_products=100" in captured.err
+    assert "env.max_steps=6" in captured.err and "agent.prompt_style=compact" in captured.err
+    assert eval_cli.main(["--model", str(export_dir), "--json", "--goals", "3"]) == 0  # a flag still wins
+    captured = capsys.readouterr()
+    assert json.loads(captured.out.strip().splitlines()[-1])["goals"] == 3
+    assert "overridden: env.eval_goals=3 (--goals)" in captured.err
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from esjax.model.decoder import forward
@@ -135,6 +153,26 @@ def test_eval_and_export_of_a_run(reference_run, tmp_path):
     pre = load_pretrained(export_dir)
     ours, _ = forward(pre.config, reference_run.params, jax.numpy.asarray(tokens))
     np.testing.assert_allclose(np.asarray(ours), ref, atol=1e-4)
+
+
+def test_export_settings_keep_the_embedded_policys_prompt_style(tmp_path):
+    """The embedded policy has a chat template but is trained on the compact prompt: reloaded as an HF model,
+    ``prompt_style: auto`` would pick chat. The export records the style the run used, and eval reads it."""
+    from esjax.eval import read_run_settings
+    from esjax.export import run_settings
+    from esjax.trainer import build_policy, resolve_prompt_style
+
+    config = load_config(None, ["model.source=embedded", "agent.prompt_style=auto", "env.max_steps=5"])
+    policy = build_policy(config, None)
+    assert policy.chat_template is not None and resolve_prompt_style(config, policy) == "compact"
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "esjax.json").write_text(json.dumps({"format": 1, "config": run_settings(config, policy)}))
+    base, _, path = read_run_settings(tmp_path)
+    reloaded = load_config(None, ["model.source=hf", f"model.path={tmp_path}"], base=base, base_source=str(path))
+    assert resolve_prompt_style(reloaded, policy) == "compact"  # not chat, although the model has a template
+    assert reloaded.env.max_steps == 5 and reloaded.env.data == config.env.data
+    without = load_config(None, ["model.source=hf", f"model.path={tmp_path}"])
+    assert resolve_prompt_style(without, policy) == "chat"  # what eval did before the export kept settings
 
 
 @pytest.mark.skipif(not WEBSHOP_SMALL.is_dir(), reason="../shared/webshop_small is absent")
