@@ -24,7 +24,7 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = No
         message = str(err).splitlines()[0] if str(err) else err.__class__.__name__
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as err:  # a trainer's RunInterrupted says which checkpoint exists and how to resume
+        print(str(err) or "interrupted", file=sys.stderr)
         sys.exit(130)
     sys.exit(code or 0)

@@ -72,8 +72,26 @@ def write_plots(records: list[dict[str, Any]], out_dir: str | Path) -> list[Path
     return paths
 
 
+def _warning_lines(records: list[dict[str, Any]]) -> list[str]:
+    """Counts of what went wrong during the run (event records): constant-fitness cohorts, rejected updates,
+    env faults."""
+    events = Counter(r.get("event") for r in records if r.get("kind") == "event")
+    lines = []
+    constant = sorted(r["version"] for r in records if r.get("kind") == "event" and r.get("event") ==
+                      "constant_fitness")
+    if constant:
+        shown = ", ".join(map(str, constant[:20])) + (", ..." if len(constant) > 20 else "")
+        lines.append(f"- {len(constant)} update(s) had a cohort whose fitnesses were all equal (zero ES gradient, "
+                     f"θ unchanged): versions {shown}")
+    if events.get("nonfinite_update"):
+        lines.append(f"- {events['nonfinite_update']} update(s) rejected: they would have made θ non-finite")
+    if events.get("env_fault"):
+        lines.append(f"- {events['env_fault']} env fault(s) (episodes re-run, scored 0 or jobs dropped)")
+    return ["## Warnings", "", *lines, ""] if lines else []
+
+
 def write_summary(records: list[dict[str, Any]], out_path: str | Path, title: str) -> str:
-    """A short markdown summary: before/after eval, updates, acceptance, staleness."""
+    """A short markdown summary: before/after eval, updates, acceptance, staleness, warnings."""
     evals = [r for r in records if r.get("kind") == "eval"]
     updates = [r for r in records if r.get("kind") == "update"]
     lines = [f"# {title}", ""]
@@ -91,7 +109,8 @@ def write_summary(records: list[dict[str, Any]], out_path: str | Path, title: st
         lines += [f"- updates: {last['version']}",
                   f"- accepted: {last.get('accepted', 'n/a')}, discarded: {last.get('discarded', 'n/a')}",
                   f"- stale fraction of accepted fitness: {stale / total:.3f}",
-                  f"- wall-clock: {last.get('wall_time', 0.0):.1f} s"]
-    text = "\n".join(lines) + "\n"
+                  f"- wall-clock: {last.get('wall_time', 0.0):.1f} s", ""]
+    lines += _warning_lines(records)
+    text = "\n".join(lines).rstrip("\n") + "\n"
     Path(out_path).write_text(text)
     return text

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config, args.overrides)
     from esjax.trainer import train  # imported late: config errors are reported before JAX starts
 
-    train(config, run_dir=args.resume or args.run_dir, resume=bool(args.resume))
+    train(config, run_dir=args.resume or args.run_dir, resume=bool(args.resume), overrides=args.overrides)
     return 0
 
 

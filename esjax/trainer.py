@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import json
 import platform
+import shlex
 import shutil
 import sys
 import time
@@ -64,6 +65,15 @@ class RunAborted(UserError):
     """The run cannot go on (e.g. too many rejected non-finite updates); the last checkpoint is intact."""
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run; the message says which checkpoint exists and how to resume (``esjax.run`` adds the
+    exact command)."""
+
+    def __init__(self, message: str, run_dir: Path, checkpoint: int | None, removed: bool = False):
+        super().__init__(message)
+        self.run_dir, self.checkpoint, self.removed = run_dir, checkpoint, removed
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Building the parts from a config
 # ---------------------------------------------------------------------------------------------------------
@@ -94,14 +104,16 @@ def shop_texts(shop, limit: int = 5000):
 
 
 def build_policy(config: Config, shop) -> LoadedPolicy:
+    from esjax.model.config import ConfigError as ModelConfigError
     from esjax.model.hf import CheckpointError as ModelFileError
 
     m = config.model
     try:
         return load_policy(m.source, m.path, m.dtype, random_config=m.random_config, seed=config.run.seed,
                            texts=lambda: shop_texts(shop))
-    except ModelFileError as err:  # a missing or corrupt file of the model folder: one line naming it
-        raise ConfigError(f"model.path: {err}") from None
+    except (ModelFileError, ModelConfigError) as err:  # a missing, corrupt or unsupported model file: one line
+        key = "model.random_config" if m.source == "random" else "model.path"
+        raise ConfigError(f"{key}: {err}") from None
 
 
 def resolve_prompt_style(config: Config, policy: LoadedPolicy) -> str:
@@ -256,6 +268,7 @@ class Trainer:
         self.episodes_since_update = 0
         self.wall_offset = 0.0
         self.nonfinite_rejections = 0
+        self.constant_fitness_updates = 0  # updates whose cohort fitness was all equal (zero ES gradient)
         self.last_update_wall = 0.0
         self.finished = False  # the run ended: everything left was cancelled and the end record written
         self.restored_records: int | None = None  # metrics records a restored checkpoint had seen written
@@ -469,6 +482,7 @@ class Trainer:
                # episode-duration distribution that experiments/wallclock.py feeds to the simulator
                "durations": [float(d) for d in record.cohort.durations]}
         self._write(out)
+        self._check_constant_fitness(record.cohort.fitness, version)
         self._progress.update(version, out, self.coord.totals())
         self.busy_ticks = 0.0
         self.ticks_since_update = self.rows_since_update = self.tokens_since_update = 0
@@ -482,6 +496,25 @@ class Trainer:
             self._start_eval(version)
         if version % self.config.run.checkpoint_every == 0 or version == updates:
             self._save()
+
+    def _check_constant_fitness(self, fitness: Any, version: int) -> None:
+        """A cohort whose (finite) fitnesses are all equal gives a zero ES gradient: θ did not move. Each such
+        update gets a ``constant_fitness`` event record (counted in summary.md); the first one in this process
+        also prints a warning."""
+        values = np.asarray(fitness, np.float64)
+        values = values[np.isfinite(values)]
+        if len(values) >= 2 and values.max() > values.min():
+            return
+        self.constant_fitness_updates += 1
+        value = float(values[0]) if len(values) else float("nan")
+        self._write({"kind": "event", "event": "constant_fitness", "version": version, "at_version": version - 1,
+                     "tick": self.tick_count, "wall_time": self.wall_time(), "fitness": value,
+                     "members": len(values)})
+        if self.constant_fitness_updates == 1:
+            print(f"warning: update {version}: every member of the cohort has fitness {value:.4g}, so the ES "
+                  "gradient is zero and θ did not move (every episode scoring the same: too few or too easy / "
+                  "hard tasks per member, σ too small to change any action, or env.max_steps too short); "
+                  "further such updates are counted in summary.md", file=sys.stderr, flush=True)
 
     def _save(self) -> None:
         """A checkpoint at the current version (only called at consistent points, see the module docstring)."""
@@ -713,13 +746,53 @@ def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
         raise RunDirError(f"{str(run_dir)[:200]!r}: not a usable run directory ({what}): {err}") from None
 
 
-def train(config: Config, run_dir: str | Path | None = None, resume: bool = False) -> TrainResult:
+def check_extras(config: Config) -> None:
+    """Optional packages the config needs, checked before anything is built: one line naming the extra."""
+    if config.run.tensorboard:
+        try:
+            import tensorboardX  # noqa: F401
+        except ImportError:
+            raise ConfigError("run.tensorboard: true needs the optional tensorboardX package, which is not "
+                              "installed: pip install 'esjax[tb]' (or --set run.tensorboard=false)") from None
+
+
+def resume_command(run_dir: Path, overrides: list[str] | None = None) -> str:
+    """The shell command that resumes ``run_dir`` with the same ``--set`` overrides."""
+    parts = ["python", "-m", "esjax.run", "--resume", str(run_dir)]
+    for item in overrides or []:
+        parts += ["--set", item]
+    return shlex.join(parts)
+
+
+def _interrupted(run_dir: Path, version: int, steps: list[int], checkpoint_every: int, removed: bool,
+                 resume_overrides: list[str] | None) -> RunInterrupted:
+    if removed:
+        return RunInterrupted(f"interrupted before the first update: no checkpoint was written and the new run "
+                              f"directory {run_dir} was removed", run_dir, None, removed=True)
+    command = resume_command(run_dir, resume_overrides)
+    if steps:
+        latest = steps[-1]
+        where = run_dir.absolute() / "checkpoints" / str(latest)
+        return RunInterrupted(f"interrupted at version {version}; latest checkpoint: version {latest} ({where})\n"
+                              f"resume with: {command}", run_dir, latest)
+    return RunInterrupted(f"interrupted at version {version}, before the first checkpoint (run.checkpoint_every="
+                          f"{checkpoint_every}): no checkpoint exists, a resume starts the run over\n"
+                          f"resume with: {command}", run_dir, None)
+
+
+def train(config: Config, run_dir: str | Path | None = None, resume: bool = False,
+          overrides: list[str] | None = None) -> TrainResult:
     """Run (or resume) a training job and write its run directory; returns the final θ and records.
 
-    A start that fails (bad input found while building the parts, a run directory that cannot be written)
-    raises a one-line error and leaves no new run directory behind.
+    ``overrides``: the ``--set`` items of the command line (a resumed run's Ctrl-C message repeats them).
+
+    A start that fails (bad input found while building the parts, a run directory that cannot be written, a
+    missing optional package, a failure or Ctrl-C before the first update) raises a one-line error and leaves
+    no new run directory behind. Ctrl-C later raises :class:`RunInterrupted`, whose message names the latest
+    checkpoint and the command that resumes from it.
     """
     run_dir = Path(run_dir or config.run.run_dir or default_run_dir(config))
+    check_extras(config)
     created = _prepare_run_dir(run_dir, resume)
     checkpointer = writer = None
     try:
@@ -750,8 +823,15 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
             shutil.rmtree(created, ignore_errors=True)
         if isinstance(err, OSError):
             raise StorageError(f"{run_dir}: cannot write the run ({storage_reason(err)})") from None
+        if isinstance(err, KeyboardInterrupt) and not isinstance(err, RunInterrupted):
+            where = (f"the new run directory {run_dir} was removed" if created is not None
+                     else f"{run_dir} is unchanged")
+            raise RunInterrupted(f"interrupted during start-up: nothing was trained, {where}", run_dir, None,
+                                 removed=created is not None) from None
         raise
     progress = Progress(config.run.updates, enabled=config.run.progress)
+    failed, interrupted, removed = True, False, False
+    steps: list[int] = []
     try:
         with progress, (jax.set_mesh(trainer.mesh) if trainer.mesh is not None else contextlib.nullcontext()):
             trainer.run(writer, checkpointer, progress)
@@ -760,12 +840,24 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
 
         write_plots(records, run_dir / "plots")
         summary = write_summary(records, run_dir / "summary.md", f"{config.run.name}: {config.schedule.kind} ES")
+        failed = False
     except OSError as err:  # a full or read-only disk under the run directory: stop, keep the last checkpoint
         raise StorageError(f"{run_dir}: cannot write the run ({storage_reason(err)}); stopped at version "
                            f"{trainer.version}, the last complete checkpoint is kept") from None
+    except KeyboardInterrupt:
+        interrupted = True  # reported below, once the files are closed
     finally:
+        with contextlib.suppress(Exception):
+            steps = checkpointer.steps()
         for close in (writer.close, checkpointer.close):
             with contextlib.suppress(OSError):
                 close()
+        # A failure (or Ctrl-C) before the first update of a new run is a failed start: nothing to resume.
+        if failed and created is not None and not steps and trainer.version == 0:
+            shutil.rmtree(created, ignore_errors=True)
+            removed = True
+    if interrupted:
+        raise _interrupted(run_dir, trainer.version, steps, config.run.checkpoint_every, removed,
+                           overrides if resume else None) from None
     progress.final(summary, records)
     return TrainResult(run_dir, trainer.version, trainer.es_update.state.params, records, trainer.coord.totals())

@@ -1,0 +1,96 @@
+"""Failure modes of a run that must not be silent: a cohort of equal fitness (zero ES gradient), Ctrl-C, a
+start that fails, a missing optional package."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+
+import pytest
+
+from esjax import run as run_cli_module
+from esjax.cli_util import run_cli
+from esjax.config import load_config
+from esjax.trainer import Trainer, train
+
+# A tiny random policy on a 30-product synthetic shop; with one step per episode nothing can be bought, so
+# every member scores 0 and every cohort has equal fitness.
+SMALL = ["model.source=random", "env.num_products=30", "es.population=4", "schedule.slots=4",
+         "env.tasks_per_member=1", "env.eval_goals=2", "run.progress=false"]
+
+
+def _cli(argv: list[str]) -> int:
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(run_cli_module.main, argv)
+    return exit_info.value.code
+
+
+def _set(items: list[str]) -> list[str]:
+    return [arg for item in items for arg in ("--set", item)]
+
+
+def test_constant_fitness_is_warned_once_and_counted_in_the_summary(tmp_path, capsys):
+    overrides = [*SMALL, "env.max_steps=1", "run.updates=2"]
+    result = train(load_config(None, overrides), run_dir=tmp_path / "flat", overrides=overrides)
+    events = [r for r in result.records if r.get("kind") == "event" and r["event"] == "constant_fitness"]
+    assert [e["version"] for e in events] == [1, 2] and all(e["fitness"] == 0.0 for e in events)
+    err = capsys.readouterr().err
+    assert err.count("warning: update 1: every member of the cohort has fitness 0") == 1
+    assert "warning: update 2" not in err  # once per run; the rest are counted
+    summary = (result.run_dir / "summary.md").read_text()
+    assert "2 update(s) had a cohort whose fitnesses were all equal (zero ES gradient, θ unchanged): versions 1, 2" \
+        in summary
+
+
+def test_ctrl_c_names_the_checkpoint_and_the_resume_command_that_works(tmp_path, capsys, monkeypatch):
+    run_dir = tmp_path / "run"
+    overrides = [*SMALL, "env.max_steps=3", "run.updates=3", "run.checkpoint_every=1"]
+    original = Trainer._finish_update
+
+    def interrupt_after_update_2(self, record):
+        original(self, record)  # version 2 is applied and checkpointed, then Ctrl-C
+        if self.version == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "_finish_update", interrupt_after_update_2)
+    assert _cli(["--run-dir", str(run_dir), *_set(overrides)]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-2] == (f"interrupted at version 2; latest checkpoint: version 2 "
+                       f"({run_dir.absolute() / 'checkpoints' / '2'})")
+    assert err[-1] == f"resume with: python -m esjax.run --resume {run_dir}"
+    monkeypatch.setattr(Trainer, "_finish_update", original)
+    assert _cli(shlex.split(err[-1].removeprefix("resume with: "))[3:]) == 0  # the printed command resumes
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["version"] for r in records if r["kind"] == "update"] == [1, 2, 3]
+
+
+def test_failed_or_interrupted_start_leaves_no_run_directory(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default run directory is runs/<name>-<time> under the working directory
+    bad = tmp_path / "model"
+    bad.mkdir()
+    (bad / "config.json").write_text("{}")  # a model folder esjax cannot run
+    assert _cli(_set([*SMALL, "model.source=hf", f"model.path={bad}"])) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: model.path: ") and "model_type" in err[0]
+    assert not (tmp_path / "runs").exists()
+
+    # Ctrl-C while the first update is still being computed: nothing to resume, no directory left behind
+    def interrupt(self, *args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "run", interrupt)
+    assert _cli(["--run-dir", str(tmp_path / "new" / "run"), *_set([*SMALL, "env.max_steps=1"])]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"interrupted before the first update: no checkpoint was written and the new run directory "
+                       f"{tmp_path / 'new' / 'run'} was removed")
+    assert not (tmp_path / "new").exists()
+
+
+def test_tensorboard_without_its_extra_is_one_line_at_start(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)  # import tensorboardX raises ImportError
+    run_dir = tmp_path / "tb"
+    assert _cli(["--run-dir", str(run_dir), *_set([*SMALL, "run.tensorboard=true"])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "run.tensorboard" in err[0] and "pip install 'esjax[tb]'" in err[0]
+    assert not run_dir.exists()
