@@ -72,6 +72,27 @@ def write_plots(records: list[dict[str, Any]], out_dir: str | Path) -> list[Path
     return paths
 
 
+def _run_lines(run_info: dict[str, Any]) -> list[str]:
+    """Where the run came from: commit, command-line overrides, machine (from run.json)."""
+    def commit(meta: dict[str, Any]) -> str:
+        text = str(meta.get("git_commit") or "unknown")
+        return f"{text} (uncommitted changes)" if meta.get("git_dirty") else text
+
+    def overrides(meta: dict[str, Any]) -> str:
+        items = meta.get("overrides") or []
+        return ", ".join(f"`--set {item}`" for item in items) if items else "none"
+
+    machine = run_info.get("machine") or {}
+    lines = ["## Run", "", f"- commit: {commit(run_info)}", f"- overrides: {overrides(run_info)}"]
+    if machine:
+        lines.append(f"- machine: {machine.get('cpu', 'unknown')}, {machine.get('cores', '?')} cores, "
+                     f"Python {machine.get('python', '?')}, devices: {', '.join(run_info.get('devices') or [])}")
+    for i, resume in enumerate(run_info.get("resumes") or [], 1):
+        cpu = (resume.get("machine") or {}).get("cpu", "unknown")
+        lines.append(f"- resume {i}: commit {commit(resume)}, overrides {overrides(resume)}, {cpu}")
+    return [*lines, ""]
+
+
 def _warning_lines(records: list[dict[str, Any]]) -> list[str]:
     """Counts of what went wrong during the run (event records): constant-fitness cohorts, rejected updates,
     env faults."""
@@ -82,7 +103,7 @@ def _warning_lines(records: list[dict[str, Any]]) -> list[str]:
     if constant:
         shown = ", ".join(map(str, constant[:20])) + (", ..." if len(constant) > 20 else "")
         lines.append(f"- {len(constant)} update(s) had a cohort whose fitnesses were all equal (zero ES gradient, "
-                     f"θ unchanged): versions {shown}")
+                     f"no learning signal): versions {shown}")
     if events.get("nonfinite_update"):
         lines.append(f"- {events['nonfinite_update']} update(s) rejected: they would have made θ non-finite")
     if events.get("env_fault"):
@@ -90,8 +111,10 @@ def _warning_lines(records: list[dict[str, Any]]) -> list[str]:
     return ["## Warnings", "", *lines, ""] if lines else []
 
 
-def write_summary(records: list[dict[str, Any]], out_path: str | Path, title: str) -> str:
-    """A short markdown summary: before/after eval, updates, acceptance, staleness, warnings."""
+def write_summary(records: list[dict[str, Any]], out_path: str | Path, title: str,
+                  run_info: dict[str, Any] | None = None) -> str:
+    """A short markdown summary: before/after eval, updates, acceptance, staleness, warnings, and (from
+    ``run_info``, the run's run.json) the commit, overrides and machine."""
     evals = [r for r in records if r.get("kind") == "eval"]
     updates = [r for r in records if r.get("kind") == "update"]
     lines = [f"# {title}", ""]
@@ -111,6 +134,8 @@ def write_summary(records: list[dict[str, Any]], out_path: str | Path, title: st
                   f"- stale fraction of accepted fitness: {stale / total:.3f}",
                   f"- wall-clock: {last.get('wall_time', 0.0):.1f} s", ""]
     lines += _warning_lines(records)
+    if run_info:
+        lines += _run_lines(run_info)
     text = "\n".join(lines).rstrip("\n") + "\n"
     Path(out_path).write_text(text)
     return text

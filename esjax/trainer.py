@@ -160,13 +160,68 @@ def build_coordinator(config: Config, train_size: int, state: dict[str, Any] | N
     return Coordinator.from_state_dict(coord_config, schedule, state)
 
 
-def run_metadata(config: Config) -> dict[str, Any]:
+def git_commit() -> dict[str, Any]:
+    """The commit of the esjax source checkout (``"unknown"`` when esjax is not run from a git checkout) and
+    whether tracked files differ from it."""
+    import subprocess
+
+    root = Path(esjax.__file__).resolve().parent.parent
+    try:
+        def git(*args: str) -> str:
+            return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
+                                  check=True).stdout.strip()
+
+        top = Path(git("rev-parse", "--show-toplevel")).resolve()
+        if top != root:  # esjax installed inside some other repository: that commit says nothing about esjax
+            return {"commit": "unknown", "dirty": None}
+        return {"commit": git("rev-parse", "HEAD"),
+                "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return {"commit": "unknown", "dirty": None}
+
+
+def run_metadata(config: Config, overrides: list[str] | None = None) -> dict[str, Any]:
     import flax
 
-    return {"esjax": esjax.__version__, "jax": jax.__version__, "jaxlib": jax.lib.__version__
+    from esjax.machine import machine_info
+
+    source = git_commit()
+    return {"esjax": esjax.__version__, "git_commit": source["commit"], "git_dirty": source["dirty"],
+            "jax": jax.__version__, "jaxlib": jax.lib.__version__
             if hasattr(jax.lib, "__version__") else None, "flax": flax.__version__, "optax": optax.__version__,
             "python": sys.version.split()[0], "platform": platform.platform(), "seed": config.run.seed,
-            "devices": [str(d) for d in jax.devices()], "argv": sys.argv}
+            "machine": machine_info(), "devices": [str(d) for d in jax.devices()],
+            "device_kind": jax.devices()[0].device_kind, "overrides": list(overrides or []), "argv": sys.argv,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def _record_resume(run_dir: Path, overrides: list[str] | None) -> None:
+    """Append this resume (commit, overrides, machine) to run.json's ``resumes`` list (best effort: a run.json
+    that is missing or unreadable is left alone)."""
+    path = run_dir / "run.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(meta, dict):
+        return
+    from esjax.machine import machine_info
+
+    source = git_commit()
+    meta.setdefault("resumes", []).append(
+        {"git_commit": source["commit"], "git_dirty": source["dirty"], "overrides": list(overrides or []),
+         "machine": machine_info(), "devices": [str(d) for d in jax.devices()], "argv": sys.argv,
+         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    path.write_text(json.dumps(meta, indent=2))
+
+
+def read_run_info(run_dir: Path) -> dict[str, Any] | None:
+    """run.json of a run directory, or None when it is missing or unreadable."""
+    try:
+        meta = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -498,7 +553,7 @@ class Trainer:
             self._save()
 
     def _check_constant_fitness(self, fitness: Any, version: int) -> None:
-        """A cohort whose (finite) fitnesses are all equal gives a zero ES gradient: θ did not move. Each such
+        """A cohort whose (finite) fitnesses are all equal gives a zero ES gradient (no learning signal). Each such
         update gets a ``constant_fitness`` event record (counted in summary.md); the first one in this process
         also prints a warning."""
         values = np.asarray(fitness, np.float64)
@@ -512,7 +567,7 @@ class Trainer:
                      "members": len(values)})
         if self.constant_fitness_updates == 1:
             print(f"warning: update {version}: every member of the cohort has fitness {value:.4g}, so the ES "
-                  "gradient is zero and θ did not move (every episode scoring the same: too few or too easy / "
+                  "gradient is zero: no learning signal from it (every episode scoring the same: too few or too easy / "
                   "hard tasks per member, σ too small to change any action, or env.max_steps too short); "
                   "further such updates are counted in summary.md", file=sys.stderr, flush=True)
 
@@ -784,7 +839,7 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
           overrides: list[str] | None = None) -> TrainResult:
     """Run (or resume) a training job and write its run directory; returns the final θ and records.
 
-    ``overrides``: the ``--set`` items of the command line (a resumed run's Ctrl-C message repeats them).
+    ``overrides``: the ``--set`` items of the command line (recorded in run.json and summary.md).
 
     A start that fails (bad input found while building the parts, a run directory that cannot be written, a
     missing optional package, a failure or Ctrl-C before the first update) raises a one-line error and leaves
@@ -799,7 +854,7 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
         enable_compilation_cache(config.run.compilation_cache)
         if not resume:
             (run_dir / CONFIG_FILE).write_text(config_to_yaml(config))
-            (run_dir / "run.json").write_text(json.dumps(run_metadata(config), indent=2))
+            (run_dir / "run.json").write_text(json.dumps(run_metadata(config, overrides), indent=2))
         trainer = Trainer(config, run_dir)
         checkpointer = Checkpointer(run_dir, config.run.keep_checkpoints)
         metrics_path = run_dir / "metrics.jsonl"
@@ -814,6 +869,8 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
                 metrics_path.unlink(missing_ok=True)
             trainer.fresh()
         writer = MetricsWriter(run_dir, config.run.tensorboard)
+        if resume:
+            _record_resume(run_dir, overrides)
     except BaseException as err:
         for part in (writer, checkpointer):
             if part is not None:
@@ -839,7 +896,8 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
         from esjax.plots import write_plots, write_summary
 
         write_plots(records, run_dir / "plots")
-        summary = write_summary(records, run_dir / "summary.md", f"{config.run.name}: {config.schedule.kind} ES")
+        summary = write_summary(records, run_dir / "summary.md", f"{config.run.name}: {config.schedule.kind} ES",
+                                run_info=read_run_info(run_dir))
         failed = False
     except OSError as err:  # a full or read-only disk under the run directory: stop, keep the last checkpoint
         raise StorageError(f"{run_dir}: cannot write the run ({storage_reason(err)}); stopped at version "

@@ -1,11 +1,13 @@
 """Failure modes of a run that must not be silent: a cohort of equal fitness (zero ES gradient), Ctrl-C, a
-start that fails, a missing optional package."""
+start that fails, a missing optional package; and what run.json / summary.md record about the run."""
 
 from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,8 @@ from esjax import run as run_cli_module
 from esjax.cli_util import run_cli
 from esjax.config import load_config
 from esjax.trainer import Trainer, train
+
+REPO = Path(__file__).resolve().parents[1]
 
 # A tiny random policy on a 30-product synthetic shop; with one step per episode nothing can be bought, so
 # every member scores 0 and every cohort has equal fitness.
@@ -30,7 +34,7 @@ def _set(items: list[str]) -> list[str]:
     return [arg for item in items for arg in ("--set", item)]
 
 
-def test_constant_fitness_is_warned_once_and_counted_in_the_summary(tmp_path, capsys):
+def test_constant_fitness_is_warned_once_and_counted_and_the_run_is_recorded(tmp_path, capsys):
     overrides = [*SMALL, "env.max_steps=1", "run.updates=2"]
     result = train(load_config(None, overrides), run_dir=tmp_path / "flat", overrides=overrides)
     events = [r for r in result.records if r.get("kind") == "event" and r["event"] == "constant_fitness"]
@@ -39,8 +43,16 @@ def test_constant_fitness_is_warned_once_and_counted_in_the_summary(tmp_path, ca
     assert err.count("warning: update 1: every member of the cohort has fitness 0") == 1
     assert "warning: update 2" not in err  # once per run; the rest are counted
     summary = (result.run_dir / "summary.md").read_text()
-    assert "2 update(s) had a cohort whose fitnesses were all equal (zero ES gradient, θ unchanged): versions 1, 2" \
-        in summary
+    assert ("2 update(s) had a cohort whose fitnesses were all equal (zero ES gradient, no learning signal): "
+            "versions 1, 2") in summary
+    # run.json and summary.md: commit, overrides, machine
+    meta = json.loads((result.run_dir / "run.json").read_text())
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    expected = head.stdout.strip() if head.returncode == 0 else "unknown"
+    assert meta["git_commit"] == expected and meta["overrides"] == overrides
+    assert meta["machine"]["cores"] and meta["machine"]["cpu"]
+    assert f"- commit: {expected}" in summary and "`--set env.max_steps=1`" in summary
+    assert f"- machine: {meta['machine']['cpu']}" in summary
 
 
 def test_ctrl_c_names_the_checkpoint_and_the_resume_command_that_works(tmp_path, capsys, monkeypatch):
@@ -61,6 +73,7 @@ def test_ctrl_c_names_the_checkpoint_and_the_resume_command_that_works(tmp_path,
     assert err[-1] == f"resume with: python -m esjax.run --resume {run_dir}"
     monkeypatch.setattr(Trainer, "_finish_update", original)
     assert _cli(shlex.split(err[-1].removeprefix("resume with: "))[3:]) == 0  # the printed command resumes
+    assert json.loads((run_dir / "run.json").read_text())["resumes"][0]["overrides"] == []
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["version"] for r in records if r["kind"] == "update"] == [1, 2, 3]
 
@@ -94,3 +107,13 @@ def test_tensorboard_without_its_extra_is_one_line_at_start(tmp_path, capsys, mo
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "run.tensorboard" in err[0] and "pip install 'esjax[tb]'" in err[0]
     assert not run_dir.exists()
+
+
+def test_git_commit_is_unknown_outside_a_checkout(tmp_path, monkeypatch):
+    import esjax
+    from esjax.trainer import git_commit
+
+    package = tmp_path / "site" / "esjax"
+    package.mkdir(parents=True)
+    monkeypatch.setattr(esjax, "__file__", str(package / "__init__.py"))
+    assert git_commit() == {"commit": "unknown", "dirty": None}
