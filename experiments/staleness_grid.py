@@ -1,25 +1,46 @@
-"""The asynchronous-ES staleness study on WebShop: lag k × stale fraction p, natural async, stress tests.
+"""The asynchronous-ES staleness study on WebShop: the paper's named cells, plus our lag k × stale fraction p grid.
 
-Cells (each over several seeds, on the embedded default policy unless ``--set model.source=...``):
+Cells (each over several seeds). The **paper** cells restate the definitions of the asynchronous-ES study
+(arXiv 2610.04196: N = 30, G = 4 workers; stress tests 27 fresh + 3 delayed by exactly 4 or 8 updates, and a
+case where every fitness is stale):
 
-* ``sync``: the synchronous barrier — also the k = 0 row and the p = 0 column of the grid;
-* ``k{k}-p{p}`` for k ∈ {1, 2, 4, 8} and p ∈ {0.1, 0.25, 0.5}: controlled staleness (after k warm-up cohorts
-  every cohort holds exactly round(p·N) members measured exactly k updates late, the rest fresh);
-* ``k{k}-p1``: all-stale stress test (p = 1: every fitness in every cohort after warm-up is k updates old);
-* ``async-K1``, ``async-K2``: natural asynchrony with lag bound K (never wait; accept lag ≤ K);
-* ``extreme-lag``: stress test, a quarter of the members held back by a lag drawn in 1 … max_lag.
+* ``sync``: the synchronous barrier — also the k = 0 row and the p = 0 column of our grid;
+* ``async-G4``: natural asynchrony in the paper's regime, G = 4 rollout slots (``schedule.slots=4``) for a cohort
+  of N, lag bound K = 1. With G < N about G − 1 results per cohort arrive one update late: (G − 1)/N ≈ 10% in the
+  paper (3 of 30), 3/16 ≈ 19% at our N = 16 (3/8 at the quick preset's N = 8) — the report prints the measured
+  share;
+* ``async-K1``: natural asynchrony saturated, G = N slots (the preset's ``schedule.slots``), K = 1: most accepted
+  results are one update stale (measured 0.61–0.74 on the synthetic shop) — a different regime from the paper's;
+* ``delay4``, ``delay8``: controlled stress, after k warm-up cohorts every cohort holds exactly round(0.1·N)
+  members measured exactly k = 4 / 8 updates late, the rest fresh. The paper has 3 of 30; with N = 16 that is
+  round(1.6) = **2 of 16** (12.5%), with N = 8 it is 1 of 8;
+* ``all-stale-k1``: every fitness in every cohort after the first is exactly 1 update old (p = 1, k = 1).
+
+Every other cell is **ours** (our own definitions, not the paper's):
+
+* ``k{k}-p{p}`` for k ∈ {1, 2, 4, 8} and p ∈ {0.1, 0.25, 0.5}: controlled staleness with round(p·N) members
+  exactly k late (``k4-p0.1``, ``k8-p0.1`` are the same schedule as ``delay4``, ``delay8``);
+* ``k{k}-p1``: all-stale with lag k (``k1-p1`` is the same schedule as ``all-stale-k1``);
+* ``async-K2``: saturated natural asynchrony with lag bound K = 2;
+* ``extreme-lag``: a quarter of the members held back by a lag drawn in 1 … max_lag.
+
+The three "ours" cells that coincide with a paper cell are skipped when ``--cells`` is not given (they would
+repeat the paper cell's runs exactly); name them in ``--cells`` to run them anyway.
 
 Every (cell, seed) is one trainer run in ``OUT/<data>/<cell>/seed<s>/`` (config.yaml, metrics.jsonl,
 summary.md, plots/). A run is finished when its directory has ``summary.md``; finished runs are skipped, an
-interrupted one resumes from its last checkpoint. All runs of one process share its jit caches (identical
-shapes compile once), and ``--shard i/n`` splits the runs across processes::
+interrupted one resumes from its last checkpoint; a finished run made by another preset is an error (use another
+``--out``). All runs of one process share its jit caches (identical shapes compile once), and ``--shard i/n``
+splits the runs across processes::
 
     python experiments/staleness_grid.py                    # the whole grid, full budget (~3.5 h on 2 cores)
     python experiments/staleness_grid.py --quick            # small budget, 3 seeds (~15 min on 2 cores)
     python experiments/staleness_grid.py --quick --jobs 2   # as two shard processes, one per core
     python experiments/staleness_grid.py --quick --shard 0/2 & python experiments/staleness_grid.py --quick --shard 1/2
     python experiments/staleness_grid.py --cells sync,async-K1 --seeds 1 --set model.source=random
+    python experiments/staleness_grid.py --preset real --jobs 2   # the paper cells on real WebShop (budget: PRESETS)
     python experiments/report.py                            # tables + figures into experiments/results/
+    python experiments/report.py --data webshop_small --margin 3  # the real-WebShop runs
 
 The settings of each preset are in ``PRESETS``; a run's exact resolved config is in its ``config.yaml``
 and the report reads them from there.
@@ -53,72 +74,124 @@ DATASETS = {  # name -> base config
 # held-out split every 10 updates), 3 seeds -- the setting whose sync/async runs measurably learn (+7.6 ... +9.2
 # points, experiments/results/default_policy.md). quick: the whole cell list with 3 seeds in about 15 minutes of a
 # 2-core CPU (--jobs 2): half the population, 2 train goals per member, 12 updates so that even k = 8 has 4 stale
-# cohorts, a 40-goal held-out set evaluated at versions 0 and 12 only.
+# cohorts, a 40-goal held-out set evaluated at versions 0 and 12 only. real: the paper cells on WebShop's real
+# 1,000-product set (configs/default.yaml, episodes of <= 15 steps).
+#
+# Keys of every preset: seeds, extreme_max_lag, overrides (the budget, applied after the ES step), data (None: the
+# --data option chooses; a name: the preset's dataset, --data must agree), cells (the default --cells pattern;
+# None: every cell but the repeats of paper cells), env (environment pins applied before the budget).
 PRESETS: dict[str, dict] = {
-    "full": {"seeds": (0, 1, 2), "extreme_max_lag": 16, "overrides": [
+    "full": {"seeds": (0, 1, 2), "extreme_max_lag": 16, "data": None, "cells": None, "overrides": [
         "run.updates=30", "run.eval_every=10", "run.checkpoint_every=10", "env.eval_goals=211",
         "es.population=16", "schedule.slots=16", "env.tasks_per_member=8"]},
-    "quick": {"seeds": (0, 1, 2), "extreme_max_lag": 8, "overrides": [
+    "quick": {"seeds": (0, 1, 2), "extreme_max_lag": 8, "data": None, "cells": None, "overrides": [
         "run.updates=12", "run.eval_every=12", "run.checkpoint_every=100", "env.eval_goals=40",
         "es.population=8", "schedule.slots=8", "env.tasks_per_member=2"]},
+    # PLACEHOLDER BUDGET -- initial values only. The engineer who runs the study on real WebShop sets seeds,
+    # run.updates, run.eval_every, env.eval_goals and env.tasks_per_member from the measured cost per update and
+    # the seed count that `experiments/report.py`'s power analysis asks for at the chosen margin.
+    "real": {"seeds": (0, 1, 2), "extreme_max_lag": 16, "data": "webshop_small", "cells": "paper", "overrides": [
+        "run.updates=20", "run.eval_every=5", "run.checkpoint_every=10", "env.eval_goals=200",
+        "es.population=16", "schedule.slots=16", "env.tasks_per_member=16"]},
 }
-# ES step of the study, for both presets: configs/default.yaml's (low-rank ES on the 320 RMSNorm scales, sigma 0.2,
+# ES step of the study, for every preset: configs/default.yaml's (low-rank ES on the 320 RMSNorm scales, sigma 0.2,
 # lr 0.25, sampling temperature 0.5). The earlier pin -- every kernel at sigma 0.02, lr 0.001 -- did not move the
 # held-out score of sync ES in 12 updates (54.4 -> 52.1), so no schedule could be told from another.
 # Pinned here so that edits of configs/default.yaml cannot change the study between runs.
 STEP = ["es.sigma=0.2", "es.learning_rate=0.25", "es.scope=all", "es.include=['norm/scale$']", "es.exclude=[]",
         "agent.temperature=0.5", "es.mode=lowrank", "es.rank=2", "es.scale=nes", "es.shaping=centered_ranks",
-        "es.optimizer=sgd", "env.max_steps=10", "env.num_products=500"]
-for _preset in PRESETS.values():
-    _preset["overrides"] = [*STEP, *_preset["overrides"]]
+        "es.optimizer=sgd"]
+# Environment pins. full / quick: 10-step episodes and the 500-product synthetic catalog (as run so far, on either
+# dataset). real: WebShop's real small set with its 15-step episodes (configs/default.yaml, the baselines table).
+ENV_PINS = {
+    "full": ["env.max_steps=10", "env.num_products=500"],
+    "quick": ["env.max_steps=10", "env.num_products=500"],
+    "real": ["env.data=webshop_small", "env.max_steps=15"],
+}
+for _name, _preset in PRESETS.items():
+    _preset["env"] = ENV_PINS[_name]
+    _preset["overrides"] = [*STEP, *ENV_PINS[_name], *_preset["overrides"]]
 COMMON = ["run.progress=false"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-    """One schedule setting of the study."""
+    """One schedule setting of the study.
+
+    ``origin`` is "paper" for the cells that restate a definition of arXiv 2610.04196 and "ours" for every other;
+    ``slots`` overrides the preset's ``schedule.slots`` (G) when set; ``same_as`` names the paper cell whose
+    schedule an "ours" cell repeats exactly (such cells are left out of the default cell list)."""
 
     name: str
     family: str  # sync | controlled | all_stale | async | extreme_lag
     k: int | None  # lag (controlled / all_stale) or lag bound K (async)
     p: float | None  # stale fraction (controlled / all_stale)
+    origin: str = "ours"  # paper | ours
+    slots: int | None = None  # G for this cell (None: the preset's schedule.slots)
+    same_as: str | None = None  # the paper cell this one repeats
 
     def overrides(self, extreme_max_lag: int) -> list[str]:
+        extra = [f"schedule.slots={self.slots}"] if self.slots is not None else []
         if self.family == "sync":
-            return ["schedule.kind=sync", "schedule.max_lag=0"]
+            return ["schedule.kind=sync", "schedule.max_lag=0", *extra]
         if self.family == "controlled":
             return ["schedule.kind=controlled", f"schedule.lag={self.k}", f"schedule.max_lag={self.k}",
-                    f"schedule.stale_fraction={self.p}"]
+                    f"schedule.stale_fraction={self.p}", *extra]
         if self.family == "all_stale":
-            return ["schedule.kind=all_stale", f"schedule.lag={self.k}", f"schedule.max_lag={self.k}"]
+            return ["schedule.kind=all_stale", f"schedule.lag={self.k}", f"schedule.max_lag={self.k}", *extra]
         if self.family == "async":
-            return ["schedule.kind=async", f"schedule.max_lag={self.k}"]
+            return ["schedule.kind=async", f"schedule.max_lag={self.k}", *extra]
         if self.family == "extreme_lag":
             return ["schedule.kind=extreme_lag", "schedule.stale_fraction=0.25",
-                    f"schedule.max_lag={extreme_max_lag}"]
+                    f"schedule.max_lag={extreme_max_lag}", *extra]
         raise ValueError(self.family)
 
 
+# The paper's delayed share (3 of 30); round(0.1·N) half up as schedules.stale_count: 2 of 16, 1 of 8.
+PAPER_DELAYED_SHARE = 0.1
+PAPER_WORKERS = 4  # G of the paper's natural-async runs
+
+
+def paper_cells() -> list[Cell]:
+    """The cells that restate the paper's definitions (see the module docstring)."""
+    return [Cell("sync", "sync", 0, 0.0, "paper"),
+            Cell("async-G4", "async", 1, None, "paper", slots=PAPER_WORKERS),
+            Cell("async-K1", "async", 1, None, "paper"),
+            Cell("delay4", "controlled", 4, PAPER_DELAYED_SHARE, "paper"),
+            Cell("delay8", "controlled", 8, PAPER_DELAYED_SHARE, "paper"),
+            Cell("all-stale-k1", "all_stale", 1, 1.0, "paper")]
+
+
 def all_cells() -> list[Cell]:
-    cells = [Cell("sync", "sync", 0, 0.0), Cell("async-K1", "async", 1, None), Cell("async-K2", "async", 2, None)]
+    """Paper cells first, then ours."""
+    cells = paper_cells()
+    repeats = {(c.family, c.k, c.p): c.name for c in cells if c.family in ("controlled", "all_stale")}
+    cells.append(Cell("async-K2", "async", 2, None))
     for k in LAGS:
         for p in FRACTIONS:
-            cells.append(Cell(f"k{k}-p{p:g}", "controlled", k, p))
-        cells.append(Cell(f"k{k}-p1", "all_stale", k, 1.0))
+            cells.append(Cell(f"k{k}-p{p:g}", "controlled", k, p, same_as=repeats.get(("controlled", k, p))))
+        cells.append(Cell(f"k{k}-p1", "all_stale", k, 1.0, same_as=repeats.get(("all_stale", k, 1.0))))
     cells.append(Cell("extreme-lag", "extreme_lag", None, 0.25))
     return cells
 
 
 def select_cells(pattern: str | None) -> list[Cell]:
-    """``--cells``: comma-separated names or shell patterns (``k4-*``, ``sync,async-*``)."""
+    """``--cells``: comma-separated names or shell patterns (``k4-*``, ``sync,async-*``), or the words ``paper``
+    (the paper cells) and ``ours`` (every other cell). Without a pattern: every cell except the "ours" cells that
+    repeat a paper cell's schedule."""
     cells = all_cells()
     if not pattern:
-        return cells
+        return [c for c in cells if c.same_as is None]
     wanted = [w.strip() for w in pattern.split(",") if w.strip()]
-    picked = [c for c in cells if any(fnmatch.fnmatchcase(c.name, w) for w in wanted)]
-    unknown = [w for w in wanted if not any(fnmatch.fnmatchcase(c.name, w) for c in cells)]
+
+    def matches(cell: Cell, word: str) -> bool:
+        return cell.origin == word if word in ("paper", "ours") else fnmatch.fnmatchcase(cell.name, word)
+
+    picked = [c for c in cells if any(matches(c, w) for w in wanted)]
+    unknown = [w for w in wanted if not any(matches(c, w) for c in cells)]
     if unknown:
-        raise SystemExit(f"--cells: no cell matches {', '.join(unknown)} (cells: {', '.join(c.name for c in cells)})")
+        raise SystemExit(f"--cells: no cell matches {', '.join(unknown)} (cells: {', '.join(c.name for c in cells)}; "
+                         f"or 'paper' / 'ours')")
     return picked
 
 
@@ -133,10 +206,10 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 # Run first (every seed) so that a grid cut short by the clock still answers the published questions with
-# all its seeds: sync, natural async, the published delay-4 / delay-8 cases, the stress tests and a k × p
-# slice at p ∈ {0.5, 1}; the remaining cells follow.
-PRIORITY = ("sync", "async-K1", "async-K2", "k4-p0.1", "k8-p0.1", "k2-p1", "extreme-lag", "k1-p0.5", "k4-p0.5",
-            "k8-p0.5", "k1-p1", "k4-p1", "k8-p1")
+# all its seeds: the paper cells, then the other stress tests and a k × p slice at p ∈ {0.5, 1}; the remaining
+# cells follow.
+PRIORITY = ("sync", "async-G4", "async-K1", "delay4", "delay8", "all-stale-k1", "async-K2", "extreme-lag", "k2-p1",
+            "k1-p0.5", "k4-p0.5", "k8-p0.5", "k4-p1", "k8-p1")
 
 
 def plan(cells: list[Cell], seeds: tuple[int, ...], shard: tuple[int, int]) -> list[tuple[Cell, int]]:
@@ -156,6 +229,14 @@ def run_dir_of(out: Path, data: str, cell: Cell, seed: int) -> Path:
 
 def is_finished(run_dir: Path) -> bool:
     return (run_dir / "summary.md").is_file()
+
+
+def preset_of(run_dir: Path) -> str | None:
+    """The preset a finished run was made with (its ``grid.json``), or None if not recorded."""
+    try:
+        return json.loads((run_dir / "grid.json").read_text()).get("preset")
+    except (OSError, ValueError):
+        return None
 
 
 def run_cell(cell: Cell, seed: int, run_dir: Path, base: Path, overrides: list[str]) -> dict:
@@ -187,16 +268,20 @@ def run_shards(argv: list[str], jobs: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="the small budget (PRESETS['quick'])")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                        help="budget and environment pins (PRESETS): full (default), quick, or real (the paper "
+                             "cells on real WebShop, configs/default.yaml, 15-step episodes)")
+    parser.add_argument("--quick", action="store_true", help="the small budget (same as --preset quick)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="runs root (default experiments/runs/)")
-    parser.add_argument("--cells", help="comma-separated cell names or patterns (default: all)")
+    parser.add_argument("--cells", help="comma-separated cell names or patterns, or 'paper' / 'ours' (default: the "
+                                        "preset's; full / quick: every cell but the repeats of paper cells)")
     parser.add_argument("--seeds", type=int, help="number of seeds 0..S-1 (default: the preset's)")
     parser.add_argument("--shard", default="0/1", help="i/n: run every n-th run starting at i")
     parser.add_argument("--jobs", type=int, default=1,
                         help="run the grid as this many shard processes side by side (one per core)")
-    parser.add_argument("--data", choices=sorted(DATASETS), default="synthetic",
-                        help="synthetic: the built-in shop (configs/synthetic.yaml); webshop_small: WebShop's real "
-                             "1,000-product set (configs/default.yaml)")
+    parser.add_argument("--data", choices=sorted(DATASETS), default=None,
+                        help="synthetic (default): the built-in shop (configs/synthetic.yaml); webshop_small: "
+                             "WebShop's real 1,000-product set (configs/default.yaml); --preset real implies it")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="extra config override for every run (applied last), e.g. model.source=random")
     parser.add_argument("--list", action="store_true", help="print this shard's runs and their state, then exit")
@@ -206,33 +291,47 @@ def main(argv: list[str] | None = None) -> int:
         if args.shard != "0/1":
             raise SystemExit("--jobs and --shard exclude each other (--jobs starts the shards itself)")
         return run_shards(argv if argv is not None else sys.argv[1:], args.jobs)
-    preset = PRESETS["quick" if args.quick else "full"]
+    if args.quick and args.preset not in (None, "quick"):
+        raise SystemExit(f"--quick and --preset {args.preset} exclude each other")
+    name = args.preset or ("quick" if args.quick else "full")
+    preset = PRESETS[name]
+    if preset["data"] is not None and args.data not in (None, preset["data"]):
+        raise SystemExit(f"--preset {name} runs on {preset['data']}, not --data {args.data}")
+    data = args.data or preset["data"] or "synthetic"
     seeds = tuple(range(args.seeds)) if args.seeds else preset["seeds"]
-    cells = select_cells(args.cells)
+    cells = select_cells(args.cells or preset["cells"])
     runs = plan(cells, seeds, parse_shard(args.shard))
-    base = DATASETS[args.data]
+    base = DATASETS[data]
     out = args.out.resolve()
+    # A finished run of another preset would be skipped as if it were this preset's: refuse instead.
+    clash = [f"{c.name}/seed{s} ({preset_of(run_dir_of(out, data, c, s))})" for c, s in runs
+             if is_finished(run_dir_of(out, data, c, s))
+             and preset_of(run_dir_of(out, data, c, s)) not in (None, name)]
+    if clash:
+        raise SystemExit(f"{out / data} holds finished runs of another preset: {', '.join(clash[:5])}"
+                         f"{' …' if len(clash) > 5 else ''}; give this preset its own --out")
     if args.list:
         for cell, seed in runs:
-            state = "done" if is_finished(run_dir_of(out, args.data, cell, seed)) else "todo"
+            state = "done" if is_finished(run_dir_of(out, data, cell, seed)) else "todo"
             print(f"{state}  {cell.name}  seed{seed}")
         return 0
-    (out / args.data).mkdir(parents=True, exist_ok=True)
-    todo = [(c, s) for c, s in runs if not is_finished(run_dir_of(out, args.data, c, s))]
-    print(f"staleness grid ({'quick' if args.quick else 'full'}, {args.data}): {len(runs)} runs in this shard, "
+    (out / data).mkdir(parents=True, exist_ok=True)
+    todo = [(c, s) for c, s in runs if not is_finished(run_dir_of(out, data, c, s))]
+    print(f"staleness grid ({name}, {data}): {len(runs)} runs in this shard, "
           f"{len(runs) - len(todo)} finished, {len(todo)} to run", flush=True)
     started = time.perf_counter()
     for n, (cell, seed) in enumerate(todo, 1):
         overrides = [*preset["overrides"], *COMMON, *cell.overrides(preset["extreme_max_lag"]), *args.overrides]
-        run_dir = run_dir_of(out, args.data, cell, seed)
+        run_dir = run_dir_of(out, data, cell, seed)
         try:
             status = run_cell(cell, seed, run_dir, base, overrides)
         except Exception as err:  # one broken run must not stop the grid: record it and go on
+            run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "failed.json").write_text(json.dumps({"cell": cell.name, "seed": seed, "error": repr(err),
-                                                             "overrides": overrides}, indent=2))
+                                                             "overrides": overrides, "preset": name}, indent=2))
             print(f"[{n}/{len(todo)}] {cell.name} seed{seed}: FAILED {err!r} (see {run_dir}/failed.json)", flush=True)
             continue
-        status["preset"] = "quick" if args.quick else "full"
+        status["preset"] = name
         status["machine"], status["shard"] = machine_info(), args.shard
         (run_dir / "grid.json").write_text(json.dumps({**status, "overrides": overrides}, indent=2))
         elapsed = time.perf_counter() - started
