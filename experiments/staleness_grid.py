@@ -87,11 +87,11 @@ PRESETS: dict[str, dict] = {
     "quick": {"seeds": (0, 1, 2), "extreme_max_lag": 8, "data": None, "cells": None, "overrides": [
         "run.updates=12", "run.eval_every=12", "run.checkpoint_every=100", "env.eval_goals=40",
         "es.population=8", "schedule.slots=8", "env.tasks_per_member=2"]},
-    # PLACEHOLDER BUDGET -- initial values only. The engineer who runs the study on real WebShop sets seeds,
-    # run.updates, run.eval_every, env.eval_goals and env.tasks_per_member from the measured cost per update and
-    # the seed count that `experiments/report.py`'s power analysis asks for at the chosen margin.
+    # real: configs/default.yaml's budget exactly (30 updates of N = 16 x 16 train goals, all 500 test goals at
+    # versions 0, 15 and 30), so the async-K1 cell is the main job itself and the sync cell is its barrier twin.
+    # About 5.5-7 min per run with two runs side by side on 2 cores (async-G4 longer: 4 slots batch less).
     "real": {"seeds": (0, 1, 2), "extreme_max_lag": 16, "data": "webshop_small", "cells": "paper", "overrides": [
-        "run.updates=20", "run.eval_every=5", "run.checkpoint_every=10", "env.eval_goals=200",
+        "run.updates=30", "run.eval_every=15", "run.checkpoint_every=15", "env.eval_goals=500",
         "es.population=16", "schedule.slots=16", "env.tasks_per_member=16"]},
 }
 # ES step of the study, for every preset: configs/default.yaml's (low-rank ES on the 320 RMSNorm scales, sigma 0.2,
