@@ -1,8 +1,8 @@
 """Results of the staleness study: tables, equivalence tests, power analysis and figures from the grid's runs.
 
 Reads every run directory under ``RUNS/<data>/<cell>/seed<s>/`` written by ``experiments/staleness_grid.py``
-and writes ``OUT/staleness.md`` (``OUT/staleness_<data>.md`` for other datasets; default OUT
-``experiments/results/``) with the figures next to it:
+and writes ``OUT/staleness.md`` (default OUT: ``experiments/results/`` for the real WebShop runs,
+``experiments/results/<data>/`` for others) with the figures next to it:
 
 * ``staleness_curves.png``: held-out eval score vs ES updates per schedule (mean over seeds, band = ±1 std);
 * ``staleness_heatmap.png``: Δ final eval score vs sync over lag k × stale fraction p (k = 0 / p = 0 is sync);
@@ -45,7 +45,7 @@ Runs that failed (``failed.json``), are unfinished (no ``summary.md``), or whose
 version — the update-cascade bug of issue 16) are left out of every statistic and listed by cell and seed, as
 are the seeds a cell lacks and the seeds that have no sync partner.
 
-    python experiments/report.py [--runs experiments/runs] [--out experiments/results] [--data synthetic]
+    python experiments/report.py --data webshop_small [--margin 3] [--runs experiments/runs] [--out DIR]
                                  [--margin 3] [--alpha 0.05] [--power 0.8] [--seeds S]
 """
 
@@ -872,7 +872,7 @@ def _left_out(scan: GridScan | None, grid: dict[str, list[dict]]) -> list[str]:
 def write_report(grid: dict[str, list[dict]], out: Path, data: str, runs_root: Path, margin: float = DEFAULT_MARGIN,
                  alpha: float = DEFAULT_ALPHA, power: float = DEFAULT_POWER, scan: GridScan | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    stem = "staleness" if data == "synthetic" else f"staleness_{data}"
+    stem = "staleness"
     figures = write_figures(grid, out, stem) if grid else []
     sync = grid.get("sync", [])
     lines = ["# Staleness study: bounded-staleness asynchronous ES on WebShop", "",
@@ -957,7 +957,9 @@ def write_report(grid: dict[str, list[dict]], out: Path, data: str, runs_root: P
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=Path, default=DEFAULT_OUT, help="grid runs root (default experiments/runs/)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="where staleness.md + PNGs go")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where staleness.md + PNGs go (default: experiments/results/ for the real WebShop "
+                             "runs, experiments/results/<data>/ for others)")
     parser.add_argument("--data", default="synthetic", help="which dataset's runs (synthetic or webshop_small)")
     parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                         help="equivalence margin m in points of score (final score and AUC; default 3)")
@@ -973,7 +975,8 @@ def main(argv: list[str] | None = None) -> int:
     if not scan.grid:
         print(f"no finished runs under {args.runs / args.data}", file=sys.stderr)
         return 1
-    path = write_report(scan.grid, args.out, args.data, args.runs, args.margin, args.alpha, args.power, scan)
+    out = args.out or (DEFAULT_RESULTS if args.data == "webshop_small" else DEFAULT_RESULTS / args.data)
+    path = write_report(scan.grid, out, args.data, args.runs, args.margin, args.alpha, args.power, scan)
     print(f"wrote {path} ({sum(len(v) for v in scan.grid.values())} runs in {len(scan.grid)} cells; "
           f"{len(scan.failed)} failed, {len(scan.unfinished)} unfinished, {len(scan.excluded)} left out)")
     for line in summary_lines(scan.grid, args.margin, args.alpha, args.power):

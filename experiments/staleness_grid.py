@@ -39,8 +39,8 @@ splits the runs across processes::
     python experiments/staleness_grid.py --quick --shard 0/2 & python experiments/staleness_grid.py --quick --shard 1/2
     python experiments/staleness_grid.py --cells sync,async-K1 --seeds 1 --set model.source=random
     python experiments/staleness_grid.py --preset real --jobs 2   # the paper cells on real WebShop (budget: PRESETS)
-    python experiments/report.py                            # tables + figures into experiments/results/
-    python experiments/report.py --data webshop_small --margin 3  # the real-WebShop runs
+    python experiments/report.py                            # synthetic runs: experiments/results/synthetic/
+    python experiments/report.py --data webshop_small --margin 3  # real-WebShop runs: experiments/results/
 
 The settings of each preset are in ``PRESETS``; a run's exact resolved config is in its ``config.yaml``
 and the report reads them from there.
