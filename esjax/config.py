@@ -60,6 +60,10 @@ class RunSection(_Section):
     deterministic: bool = Field(True, description="fixed tick order: bit-identical reruns")
     tensorboard: bool = False
     progress: bool = True
+    traces: Literal["eval", "none"] = Field(
+        "eval", description="eval: write every evaluation's episodes (goal, instruction, actions with 200-character "
+                            "observation snippets, reward and its breakdown) to traces/eval-v<version>.jsonl; none: "
+                            "no traces")
     compilation_cache: str | None = Field(
         "~/.cache/esjax/xla", description="persistent XLA compilation cache (null: off); reruns start faster")
     max_nonfinite_updates: int = Field(

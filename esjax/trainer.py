@@ -57,6 +57,8 @@ from esjax.loop.tasks import hash_ints
 from esjax.loop.types import Job
 from esjax.metrics import MetricsWriter, read_metrics, truncate_after, truncate_records
 from esjax.progress import Progress
+from esjax.stats import eval_intervals
+from esjax.traces import TraceRecorder, write_traces
 
 CONFIG_FILE = "config.yaml"
 
@@ -242,6 +244,9 @@ class Evaluation:
     rewards: dict[int, float] = dataclasses.field(default_factory=dict)
     retry: list[int] = dataclasses.field(default_factory=list)  # positions whose env failed: run again
     failures: int = 0
+    # run.traces: eval: observation snippets of live episodes (by position) and finished episodes' trace lines
+    recorder: TraceRecorder = dataclasses.field(default_factory=TraceRecorder)
+    traces: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -251,12 +256,27 @@ class Evaluation:
         rewards = np.array([self.rewards[p] for p in range(len(self.goals))], np.float64)
         return {"kind": "eval", "version": self.version, "score": float(100 * rewards.mean()),
                 "success_rate": float(np.mean(rewards == 1.0)), "mean_reward": float(rewards.mean()),
+                **eval_intervals(rewards.tolist()),  # 95% over goals: t interval (score), Wilson (success rate)
                 "goals": len(self.goals), "wall_time": wall_time, "eval_seconds": wall_time - self.started_wall}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"eval_id": self.eval_id, "version": self.version, "started_tick": self.started_tick,
-                "next_position": self.next_position, "rewards": {str(k): v for k, v in self.rewards.items()},
-                "retry": list(self.retry), "failures": self.failures}
+        out = {"eval_id": self.eval_id, "version": self.version, "started_tick": self.started_tick,
+               "next_position": self.next_position, "rewards": {str(k): v for k, v in self.rewards.items()},
+               "retry": list(self.retry), "failures": self.failures}
+        if self.traces or self.recorder.observations:
+            out["traces"] = {str(k): v for k, v in self.traces.items()}
+            out["observations"] = {str(k): list(v) for k, v in self.recorder.observations.items()}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], goals: list[int], started_wall: float) -> Evaluation:
+        """An evaluation in progress, from a checkpoint's loop state (:meth:`to_dict`)."""
+        ev = cls(int(data["eval_id"]), int(data["version"]), goals, int(data["started_tick"]), started_wall,
+                 int(data["next_position"]), {int(k): float(v) for k, v in data["rewards"].items()},
+                 [int(p) for p in data.get("retry", [])], int(data.get("failures", 0)))
+        ev.traces = {int(k): v for k, v in (data.get("traces") or {}).items()}
+        ev.recorder.observations = {int(k): list(v) for k, v in (data.get("observations") or {}).items()}
+        return ev
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -291,6 +311,7 @@ class Trainer:
         self.agent = build_agent(config, self.policy)
         self.es_config = build_es_config(config)
         self.K = config.schedule.max_lag
+        self.traces = config.run.traces == "eval"  # write every evaluation's episode traces
         from envs.webshop_bridge import EnvPool
 
         capacity = config.schedule.slots * config.env.tasks_per_member + len(self.eval_goals)
@@ -428,10 +449,7 @@ class Trainer:
         for data in loop["evals"]:
             version = int(data["version"])
             self.eval_params[version] = saved[version] if version in saved else self.es_update.params_at(version)
-            ev = Evaluation(int(data["eval_id"]), version, self.eval_goals, int(data["started_tick"]),
-                            self.wall_offset, int(data["next_position"]),
-                            {int(k): float(v) for k, v in data["rewards"].items()},
-                            [int(p) for p in data.get("retry", [])], int(data.get("failures", 0)))
+            ev = Evaluation.from_dict(data, self.eval_goals, self.wall_offset)
             self.evals[ev.eval_id] = ev
         for data in loop["episodes"]:
             self.engine.start(data["kind"], int(data["owner"]), int(data["version"]), int(data["index"]),
@@ -634,6 +652,8 @@ class Trainer:
                                    f"(schedule {self.config.schedule.kind!r}, {len(self.jobs)} jobs)")
             self.busy_ticks += len(self.jobs) / self.config.schedule.slots
             finished, stats = self.engine.tick(self.params_at)
+            if self.traces and self.evals:
+                self._observe_evals(finished)
             self.tick_count += 1
             self.ticks_since_update += 1
             self.rows_since_update += stats.rows
@@ -681,11 +701,17 @@ class Trainer:
         if episode.failure is not None:
             self._episode_failed(episode)
             if episode.kind == "eval":
-                self._maybe_finish_eval(self.evals[episode.owner])
+                ev = self.evals[episode.owner]
+                if episode.position in ev.rewards:  # past the retry limit: scored 0, traced with its failure
+                    self._trace_eval(ev, episode)
+                else:  # run again from the start
+                    ev.recorder.forget(episode.position)
+                self._maybe_finish_eval(ev)
             return
         if episode.kind == "eval":
             ev = self.evals[episode.owner]
             ev.rewards[episode.position] = episode.reward
+            self._trace_eval(ev, episode)
             self._maybe_finish_eval(ev)
             return
         jp = self.jobs.get(episode.owner)
@@ -696,8 +722,23 @@ class Trainer:
         if len(jp.rewards) == self.config.env.tasks_per_member:
             done_jobs.append(episode.owner)
 
+    def _observe_evals(self, finished: list[Episode]) -> None:
+        """run.traces: the page each evaluation episode's latest action led to (a snippet), after every tick."""
+        for episode in (*self.engine.live.values(), *finished):
+            if episode.kind == "eval" and episode.owner in self.evals:
+                self.evals[episode.owner].recorder.observe(episode.position, episode)
+
+    def _trace_eval(self, ev: Evaluation, episode: Episode) -> None:
+        if self.traces:
+            ev.traces[episode.position] = ev.recorder.line(
+                episode.position, episode, ev.rewards[episode.position], self.config.env.max_steps,
+                version=ev.version, position=episode.position)
+
     def _maybe_finish_eval(self, ev: Evaluation) -> None:
         if ev.complete:
+            if self.traces:  # written before the record: a record in metrics.jsonl means its traces exist
+                write_traces(self.run_dir / "traces" / f"eval-v{ev.version}.jsonl",
+                             (ev.traces[p] for p in sorted(ev.traces)))
             record = ev.record(self.wall_time())
             self._write(record)
             self.evals.pop(ev.eval_id)

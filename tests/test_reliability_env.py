@@ -91,6 +91,11 @@ def test_transient_env_errors_and_hangs_are_retried(reference, monkeypatch, tmp_
     # The failed episodes were re-run exactly: the accepted history and the final θ match a fault-free run.
     assert _history(result.records) == _history(reference.records)
     assert _same(result.params, reference.params)
+    # a re-run evaluation episode replaces the failed one in the traces: the same files as the fault-free run
+    traces = sorted(p.name for p in (reference.run_dir / "traces").iterdir())
+    assert traces and traces == sorted(p.name for p in (result.run_dir / "traces").iterdir())
+    assert all((result.run_dir / "traces" / name).read_bytes() == (reference.run_dir / "traces" / name).read_bytes()
+               for name in traces)
     record("env-transient-errors", area="env",
            fault="env steps raise (3 steps) or hang for 2 s (1 step) in the middle of a run",
            injection="WebShopTextEnv.step patched to raise ConnectionResetError on chosen calls / sleep 2 s "

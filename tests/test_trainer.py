@@ -58,10 +58,39 @@ def test_run_directory_holds_everything(reference_run):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_evaluations_write_episode_traces(reference_run):
+    """run.traces: eval (the default): traces/eval-v<version>.jsonl per evaluation, one line per goal."""
+    from esjax.traces import SNIPPET_CHARS, read_traces
+    from esjax.trainer import build_shop
+
+    run_dir = reference_run.run_dir
+    shop = build_shop(load_config(run_dir / "config.yaml"))
+    goals = list(shop.split("test"))[:6]
+    evals = [r for r in reference_run.records if r["kind"] == "eval"]
+    assert sorted(p.name for p in (run_dir / "traces").iterdir()) == [f"eval-v{r['version']}.jsonl" for r in evals]
+    for record in evals:
+        lines = read_traces(run_dir / "traces" / f"eval-v{record['version']}.jsonl")
+        assert [line["position"] for line in lines] == list(range(6))
+        assert [line["goal"] for line in lines] == goals and {line["version"] for line in lines} == {record["version"]}
+        assert [line["instruction"] for line in lines] == [shop.goals[g].instruction_text for g in goals]
+        assert 100 * np.mean([line["reward"] for line in lines]) == pytest.approx(record["score"])
+        assert np.mean([line["success"] for line in lines]) == pytest.approx(record["success_rate"])
+        for line in lines:
+            assert 1 <= line["steps"] == len(line["actions"]) <= 6 and line["failure"] is None
+            assert line["end"] in ("bought", "max_steps", "no_action")
+            assert all(action and 0 < len(page) <= SNIPPET_CHARS for action, page in line["actions"])
+            assert not any(page.startswith("Instruction") for _, page in line["actions"])  # said once per line
+            assert ("reward_info" in line) == (line["end"] == "bought")
+        assert record["score_ci_low"] <= record["score"] <= record["score_ci_high"]
+        assert 0 <= record["success_ci_low"] <= record["success_rate"] <= record["success_ci_high"] <= 1
+
+
 def test_rerun_is_bit_identical(reference_run, tmp_path):
-    again = train(load_config(None, TINY), run_dir=tmp_path / "again")
+    # run.traces only adds files: the run itself is the same with traces off
+    again = train(load_config(None, [*TINY, "run.traces=none"]), run_dir=tmp_path / "again")
     assert _params_equal(reference_run.params, again.params)
     assert _strip_times(reference_run.records) == _strip_times(again.records)
+    assert not (tmp_path / "again" / "traces").exists()
 
 
 def _run_cli(*args, **kwargs):

@@ -33,6 +33,7 @@ from reliability import record
 
 from esjax.checkpoint import Checkpointer
 from esjax.config import load_config
+from esjax.traces import read_traces
 from esjax.trainer import train
 
 UPDATES = 5
@@ -82,6 +83,10 @@ def _loop_state(run_dir: Path, step: int) -> dict:
         checkpointer.close()
 
 
+def _trace_files(run_dir: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted((run_dir / "traces").iterdir())}
+
+
 def _steps(run_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
 
@@ -128,9 +133,16 @@ def test_resume_from_every_checkpoint_is_bit_identical(reference, tmp_path):
         for later in steps:
             if later > step:
                 shutil.rmtree(run_dir / "checkpoints" / str(later))
+        # traces of evaluations not finished at the checkpoint are written again by the resumed run
+        loop = _loop_state(run_dir, step)
+        finished = set(loop["evaluated_versions"]) - {ev["version"] for ev in loop["evals"]}
+        for path in (run_dir / "traces").iterdir():
+            if int(path.stem.removeprefix("eval-v")) not in finished:
+                path.unlink()
         resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
         assert resumed.version == UPDATES
         assert _same_bits(resumed.params, result.params), f"{kind}: θ differs after resuming from {step}"
+        assert _trace_files(run_dir) == _trace_files(result.run_dir), f"{kind}: traces differ after resuming"
         records = _records(run_dir)
         assert _untimed(records) == _untimed(reference_records), f"{kind}: records differ after resuming from {step}"
         keys = Counter((r["kind"], r["version"]) for r in records if r["kind"] != "event")
@@ -138,6 +150,10 @@ def test_resume_from_every_checkpoint_is_bit_identical(reference, tmp_path):
         walls = [r["wall_time"] for r in records]
         assert walls == sorted(walls), f"{kind}: wall_time goes back after resuming from {step}"
         assert resumed.totals == result.totals
+    bought = [line for path in (result.run_dir / "traces").iterdir() for line in read_traces(path)
+              if line["end"] == "bought"]
+    assert bought and all({"r_type", "r_att", "r_option", "r_price"} <= set(line["reward_info"]) for line in bought)
+    assert all(line["reward"] == line["reward_info"]["reward"] for line in bought)
     schedule = ", ".join(item.removeprefix("schedule.") for item in SCHEDULES[kind][1:])
     record(f"storage-resume-every-checkpoint-{kind}", area="storage",
            fault=f"run killed right after any one of its checkpoints ({kind} schedule: {schedule})",

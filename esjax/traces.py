@@ -1,0 +1,105 @@
+"""Episode traces: what a greedy evaluation episode did, one JSON line per goal.
+
+A line holds the goal, its instruction, every action with a short snippet (at most :data:`SNIPPET_CHARS`
+characters, whitespace collapsed) of the page it led to, the final reward and, when the episode bought
+something, WebShop's reward breakdown (``info['reward_info']``: type, attribute, option and price terms) with
+the purchased and the goal product. Observation snippets are taken by the caller after every tick
+(:meth:`TraceRecorder.observe`), so the rollout engine itself is unchanged.
+
+Written by the trainer for every evaluation of a run (``run.traces: eval`` → ``traces/eval-v<version>.jsonl``)
+and by ``python -m esjax.eval --traces FILE``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Hashable, Iterable
+from pathlib import Path
+from typing import Any
+
+#: Longest observation snippet kept per step: enough to see which page an action led to and its head.
+SNIPPET_CHARS = 200
+#: Keys of a buy's ``info`` kept beside the reward breakdown.
+PURCHASE_KEYS = ("purchased_asin", "purchased_options", "goal_asin")
+
+
+def snippet(observation: Any, instruction: str | None = None, limit: int = SNIPPET_CHARS) -> str:
+    """The head of an observation, whitespace collapsed, at most ``limit`` characters (``…`` marks a cut).
+
+    WebShop pages open with ``Instruction: [SEP] <instruction> [SEP]``; with ``instruction`` given, that head is
+    left out (a trace line carries the instruction once), so the snippet shows the page itself."""
+    head = str(observation)[: 4 * limit + 2 * len(instruction or "")]
+    text = " ".join(head.split())
+    if instruction:
+        bare = " ".join(instruction.split())
+        at = text.find(bare)
+        if 0 <= at <= 40:  # only the page's own heading, not a later mention
+            text = text[at + len(bare):].removeprefix(" [SEP]").lstrip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _ending(episode: Any, max_steps: int | None) -> str:
+    info = episode.info or {}
+    if episode.failure is not None:
+        return "env_failure"
+    if "reward_info" in info:
+        return "bought"
+    if info.get("truncated"):
+        return "env_step_limit"
+    if max_steps is not None and episode.steps >= max_steps:
+        return "max_steps"
+    return "no_action"  # a page with nothing to do
+
+
+class TraceRecorder:
+    """Observation snippets of live episodes, keyed by the caller (e.g. ``(evaluation, position)``)."""
+
+    def __init__(self) -> None:
+        self.observations: dict[Hashable, list[str]] = {}
+
+    def observe(self, key: Hashable, episode: Any) -> None:
+        """Record the page the episode's latest action led to (call after every tick the episode lived through;
+        a re-run episode that starts over replaces what was recorded)."""
+        steps = episode.steps
+        if steps <= 0:
+            self.observations.pop(key, None)
+            return
+        seen = self.observations.setdefault(key, [])
+        del seen[steps - 1:]
+        seen.extend([""] * (steps - 1 - len(seen)))  # steps replayed before snippets were kept (old checkpoints)
+        seen.append("" if episode.failure is not None else snippet(episode.observation, episode.memory.instruction))
+
+    def forget(self, key: Hashable) -> None:
+        self.observations.pop(key, None)
+
+    def line(self, key: Hashable, episode: Any, reward: float, max_steps: int | None = None,
+             **extra: Any) -> dict[str, Any]:
+        """The trace line of a finished episode (its snippets are dropped from the recorder)."""
+        seen = self.observations.pop(key, [])
+        info = episode.info or {}
+        out: dict[str, Any] = {**extra, "goal": int(episode.goal), "instruction": episode.memory.instruction,
+                               "reward": float(reward), "success": float(reward) == 1.0, "steps": episode.steps,
+                               "end": _ending(episode, max_steps), "failure": episode.failure,
+                               "actions": [[action, seen[i] if i < len(seen) else ""]
+                                           for i, (_, action) in enumerate(episode.trace)]}
+        if "reward_info" in info:
+            out["reward_info"] = info["reward_info"]
+            out.update({k: info[k] for k in PURCHASE_KEYS if k in info})
+        return out
+
+
+def write_traces(path: str | Path, lines: Iterable[dict[str, Any]]) -> Path:
+    """Write trace lines as JSON lines (atomically: a partial file is never left under ``path``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for line in lines:
+            fh.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_traces(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
