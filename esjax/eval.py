@@ -3,6 +3,9 @@
 A folder written by ``esjax.export`` carries the run's settings (``esjax.json``: data, goals, max steps,
 prompt style, ...): ``--model`` uses them unless ``--config``, ``--data``, ``--split`` or ``--goals`` set a key
 (or ``--ignore-run-settings`` is given), and says which settings came from the file.
+
+``--json`` prints the score, success rate, their 95% intervals over goals and, per goal, its index, reward and
+success flag; ``--traces FILE`` writes each episode's trace (as a run's ``traces/eval-v<version>.jsonl``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--goals", type=int, default=None, help="number of goals (default: the config's)")
     parser.add_argument("--ignore-run-settings", action="store_true",
                         help="--model: do not read the export's esjax.json (use --config or the defaults)")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--json", action="store_true",
+                        help="print the result as JSON: score, success rate, their 95%% intervals over goals, and "
+                             "per goal (in evaluation order) its index, reward and success flag")
+    parser.add_argument("--traces", metavar="FILE",
+                        help="write each episode's trace as a JSON line to FILE: goal, instruction, actions with "
+                             "observation snippets, reward and WebShop's reward breakdown")
     return parser
 
 
@@ -127,9 +135,19 @@ def main(argv: list[str] | None = None) -> int:
           f"{config.env.max_steps} steps, prompt style {resolve_prompt_style(config, policy)}", file=sys.stderr)
     from esjax.evaluate import evaluate_policy
 
-    result = evaluate_policy(policy.config, params, build_agent(config, policy), shop, goals, config.env.max_steps)
+    result = evaluate_policy(policy.config, params, build_agent(config, policy), shop, goals, config.env.max_steps,
+                             traces=bool(args.traces))
+    traces = result.pop("traces", None)
+    if traces is not None:
+        from esjax.traces import write_traces
+
+        try:
+            path = write_traces(args.traces, traces)
+        except OSError as err:
+            raise UserError(f"--traces {args.traces}: cannot write the traces ({err.strerror or err})") from None
+        print(f"traces of {len(traces)} episodes written to {path}", file=sys.stderr)
     if args.json:
-        print(json.dumps({k: v for k, v in result.items() if k != "rewards"}))
+        print(json.dumps(result))
     else:
         print(f"{what}: score {result['score']:.1f}, success rate {100 * result['success_rate']:.1f}% "
               f"on {result['goals']} {config.env.eval_split} goals ({shop.name})")

@@ -14,15 +14,21 @@ from esjax.agent.webshop import WebShopAgent
 from esjax.es.noise import NoiseSpec
 from esjax.loop.rollout import RolloutEngine
 from esjax.model.config import ModelConfig
+from esjax.stats import eval_intervals
+from esjax.traces import TraceRecorder
 
 
 def evaluate_policy(model_config: ModelConfig, params: Any, agent: WebShopAgent, shop: Any, goals: list[int],
-                    max_steps: int, batch: int = 256) -> dict[str, Any]:
-    """Score (100 × mean reward), success rate (share of reward 1.0) and per-goal rewards."""
+                    max_steps: int, batch: int = 256, traces: bool = False) -> dict[str, Any]:
+    """Score (100 × mean reward), success rate (share of reward 1.0), their 95% intervals over goals, and per
+    goal: the goal index, reward and success flag. ``traces``: also each episode's trace line
+    (:mod:`esjax.traces`) under ``"traces"``, in goal order."""
     from envs.webshop_bridge import EnvPool
 
     engine = RolloutEngine(EnvPool(shop, max(1, min(batch, len(goals)))), agent, model_config, NoiseSpec(),
                            lambda v: 0.0, max_steps, temperature=0.0)
+    recorder = TraceRecorder() if traces else None
+    lines: list[dict[str, Any] | None] = [None] * len(goals)
     rewards = np.zeros(len(goals))
     started = 0
     while started < len(goals) or engine.live:
@@ -30,8 +36,18 @@ def evaluate_policy(model_config: ModelConfig, params: Any, agent: WebShopAgent,
             engine.start("eval", 0, 0, 0, goals[started], started, 0, True)
             started += 1
         finished, _ = engine.tick(lambda v: params)
+        if recorder is not None:
+            for episode in (*engine.live.values(), *finished):
+                recorder.observe(episode.position, episode)
         for episode in finished:
             rewards[episode.position] = episode.reward
-    return {"score": float(100 * rewards.mean()) if len(goals) else 0.0,
-            "success_rate": float(np.mean(rewards == 1.0)) if len(goals) else 0.0,
-            "goals": len(goals), "rewards": rewards.tolist()}
+            if recorder is not None:
+                lines[episode.position] = recorder.line(episode.position, episode, episode.reward, max_steps,
+                                                        position=episode.position)
+    out = {"score": float(100 * rewards.mean()) if len(goals) else 0.0,
+           "success_rate": float(np.mean(rewards == 1.0)) if len(goals) else 0.0,
+           **eval_intervals(rewards.tolist()), "goals": len(goals), "goal_indices": [int(g) for g in goals],
+           "rewards": rewards.tolist(), "success": (rewards == 1.0).tolist()}
+    if recorder is not None:
+        out["traces"] = lines
+    return out

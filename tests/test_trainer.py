@@ -143,11 +143,22 @@ def test_corrupt_latest_checkpoint_falls_back(reference_run, tmp_path):
 
 
 def test_eval_and_export_of_a_run(reference_run, tmp_path, capsys):
-    out = _run_cli("esjax.eval", "--run-dir", str(reference_run.run_dir), "--json")
+    from esjax.traces import read_traces
+
+    traces = tmp_path / "eval-traces.jsonl"
+    out = _run_cli("esjax.eval", "--run-dir", str(reference_run.run_dir), "--json", "--traces", str(traces))
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     last_eval = [r for r in reference_run.records if r["kind"] == "eval"][-1]
     assert result["goals"] == 6 and result["score"] == pytest.approx(last_eval["score"])
+    # per goal: index, reward, success flag; the intervals of the run's record; the run's episodes, traced
+    run_lines = read_traces(reference_run.run_dir / "traces" / f"eval-v{last_eval['version']}.jsonl")
+    assert result["goal_indices"] == [line["goal"] for line in run_lines]
+    assert result["rewards"] == [line["reward"] for line in run_lines]
+    assert result["success"] == [line["success"] for line in run_lines]
+    assert result["score_ci_low"] == pytest.approx(last_eval["score_ci_low"])
+    assert read_traces(traces) == [{k: v for k, v in line.items() if k != "version"} for line in run_lines]
+    assert f"traces of 6 episodes written to {traces}" in out.stderr
 
     export_dir = tmp_path / "hf"
     out = _run_cli("esjax.export", "--run-dir", str(reference_run.run_dir), "--out", str(export_dir))
