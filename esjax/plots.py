@@ -1,11 +1,19 @@
 """PNG plots and ``summary.md`` of a finished run, drawn from its ``metrics.jsonl``.
 
-Record kinds: ``update`` (one per ES update: version, wall_time, fitness_mean, lags, slot_utilization, ...)
-and ``eval`` (version, wall_time, score, success_rate).
+Record kinds: ``update`` (one per ES update: version, wall_time, fitness_mean / min / max / std, lags,
+slot_utilization, cohort_stale_fraction, discarded, ...) and ``eval`` (version, wall_time, score, success_rate and,
+from per-goal rewards, their 95% intervals ``score_ci_low`` / ``score_ci_high`` / ``success_ci_low`` /
+``success_ci_high``; a record carrying its per-goal ``rewards`` instead gets them computed here).
+
+``plots/score.png``: the held-out evaluation at every evaluated version (score with its 95% band, success rate
+on a second axis), the training population's fitness per update (mean, min-max band, ±1 SD band) and both
+against wall-clock time. ``plots/staleness.png``: the integer lag histogram and, per update, the stale share of
+the cohort, results discarded and slot utilization (a constant utilization is stated, not drawn).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -14,6 +22,11 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator, PercentFormatter  # noqa: E402
+
+from esjax.stats import eval_intervals  # noqa: E402
+
+EVAL_COLOR, SUCCESS_COLOR, FITNESS_COLOR = "tab:blue", "tab:green", "tab:orange"
 
 
 def _series(records: list[dict[str, Any]], kind: str, key: str, x: str = "version") -> tuple[list, list]:
@@ -31,40 +44,181 @@ def lag_counts(records: list[dict[str, Any]]) -> Counter:
     return counts
 
 
-def write_plots(records: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
-    """Write the run's figures into ``out_dir`` and return their paths."""
+def eval_points(records: list[dict[str, Any]], x: str = "version") -> list[dict[str, Any]]:
+    """Every evaluation, in order of ``x``: x, score, success rate and (where the record has them, or its per-goal
+    ``rewards``) the 95% interval bounds; a version evaluated twice (a resumed run's records) counts once."""
+    by_x: dict[Any, dict[str, Any]] = {}
+    for r in records:
+        if r.get("kind") != "eval" or r.get("score") is None or r.get(x) is None:
+            continue
+        bounds = {k: r[k] for k in ("score_ci_low", "score_ci_high", "success_ci_low", "success_ci_high")
+                  if r.get(k) is not None}
+        if not bounds and r.get("rewards"):
+            bounds = eval_intervals(r["rewards"])
+        by_x[r[x]] = {"x": r[x], "score": r["score"], "success_rate": r.get("success_rate"), **bounds}
+    return [by_x[k] for k in sorted(by_x)]
+
+
+def fitness_band(records: list[dict[str, Any]], x: str = "version") -> dict[str, list[float]]:
+    """Per update: x and the cohort's fitness ×100 (mean, min, max, mean ± SD where recorded)."""
+    out: dict[str, list[float]] = {k: [] for k in ("x", "mean", "min", "max", "sd_low", "sd_high")}
+    for r in records:
+        if r.get("kind") != "update" or r.get("fitness_mean") is None or r.get(x) is None:
+            continue
+        mean = 100 * r["fitness_mean"]
+        sd = 100 * (r.get("fitness_std") or 0.0)
+        low = 100 * r["fitness_min"] if r.get("fitness_min") is not None else float("nan")
+        high = 100 * r["fitness_max"] if r.get("fitness_max") is not None else float("nan")
+        out["x"].append(r[x])
+        out["mean"].append(mean)
+        out["min"].append(low)
+        out["max"].append(high)
+        out["sd_low"].append(mean - sd if math.isnan(low) else max(mean - sd, low))  # kept inside min-max
+        out["sd_high"].append(mean + sd if math.isnan(high) else min(mean + sd, high))
+    return out
+
+
+def is_constant(values: list[float], tol: float = 1e-9) -> bool:
+    return len(values) > 0 and max(values) - min(values) <= tol
+
+
+def _eval_axes(ax, points: list[dict[str, Any]], xlabel: str, legend: bool) -> None:
+    """Score (left axis, 95% band) and success rate (right axis, %) of every evaluation."""
+    xs = [p["x"] for p in points]
+    ax.plot(xs, [p["score"] for p in points], "o-", color=EVAL_COLOR, label="held-out score (100 × mean reward)")
+    banded = [p for p in points if "score_ci_low" in p]
+    if banded:
+        ax.fill_between([p["x"] for p in banded], [p["score_ci_low"] for p in banded],
+                        [p["score_ci_high"] for p in banded], color=EVAL_COLOR, alpha=0.18, linewidth=0,
+                        label="95% interval over goals (t)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("score", color=EVAL_COLOR)
+    ax.grid(alpha=0.3)
+    right = ax.twinx()
+    rated = [p for p in points if p.get("success_rate") is not None]
+    right.plot([p["x"] for p in rated], [100 * p["success_rate"] for p in rated], "s--", color=SUCCESS_COLOR,
+               markersize=4, linewidth=1, alpha=0.8, label="success rate (reward = 1), right axis")
+    banded = [p for p in rated if "success_ci_low" in p]
+    if banded:
+        lows = [100 * (p["success_rate"] - p["success_ci_low"]) for p in banded]
+        highs = [100 * (p["success_ci_high"] - p["success_rate"]) for p in banded]
+        right.errorbar([p["x"] for p in banded], [100 * p["success_rate"] for p in banded], yerr=[lows, highs],
+                       fmt="none", ecolor=SUCCESS_COLOR, alpha=0.45, capsize=3, label="its 95% interval (Wilson)")
+    right.set_ylabel("success rate", color=SUCCESS_COLOR)
+    right.yaxis.set_major_formatter(PercentFormatter(decimals=0))
+    top = max(right.get_ylim()[1], 1.0)
+    right.set_ylim(-0.03 * top, top)  # from 0% (a marker at 0% stays whole)
+    low, high = ax.get_ylim()
+    if high - low < 5:  # a flat score (e.g. 0 everywhere): a readable range instead of ±0.05
+        ax.set_ylim(low - (5 - (high - low)) / 2, high + (5 - (high - low)) / 2)
+    if legend:
+        handles, labels = ax.get_legend_handles_labels()
+        more, more_labels = right.get_legend_handles_labels()
+        _legend_below(ax, handles + more, labels + more_labels)
+
+
+def _legend_below(ax, handles=None, labels=None) -> None:
+    """A legend under the axes, where it hides no data."""
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
+                  frameon=False)
+
+
+def _fitness_axes(ax, band: dict[str, list[float]], xlabel: str, legend: bool) -> None:
+    """The training population per update: mean fitness ×100, its min-max band and ±1 SD band."""
+    xs = band["x"]
+    ax.plot(xs, band["mean"], "-", color=FITNESS_COLOR, label="cohort mean fitness ×100")
+    if any(v == v for v in band["min"]) and any(v == v for v in band["max"]):  # NaN-free somewhere
+        ax.fill_between(xs, band["min"], band["max"], color=FITNESS_COLOR, alpha=0.15, linewidth=0,
+                        label="cohort min-max")
+    ax.fill_between(xs, band["sd_low"], band["sd_high"], color=FITNESS_COLOR, alpha=0.3, linewidth=0,
+                    label="mean ± 1 SD")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("training fitness ×100")
+    ax.grid(alpha=0.3)
+    if legend:
+        _legend_below(ax)
+
+
+def write_plots(records: list[dict[str, Any]], out_dir: str | Path, title: str | None = None) -> list[Path]:
+    """Write the run's figures into ``out_dir`` and return their paths (``title``: e.g. run name, seed, commit)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for ax, x, label in ((axes[0], "version", "ES updates"), (axes[1], "wall_time", "wall-clock (s)")):
-        xs, ys = _series(records, "eval", "score", x)
-        ax.plot(xs, ys, "o-", label="held-out eval score")
-        xs, ys = _series(records, "update", "fitness_mean", x)
-        ax.plot(xs, [100 * y for y in ys], "-", alpha=0.7, label="training fitness ×100 (cohort mean)")
-        ax.set_xlabel(label)
-        ax.set_ylabel("score (100 × mean reward)")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    _eval_axes(axes[0], eval_points(records), "ES updates (version)", legend=True)
+    axes[0].set_title("held-out evaluation (greedy, unperturbed θ)", fontsize=9)
+    _fitness_axes(axes[1], fitness_band(records), "ES updates (version)", legend=True)
+    axes[1].set_title("training population (each update's cohort)", fontsize=9)
+    xs, ys = _series(records, "update", "fitness_mean", "wall_time")
+    axes[2].plot(xs, [100 * y for y in ys], "-", color=FITNESS_COLOR, alpha=0.8, label="cohort mean fitness ×100")
+    points = eval_points(records, "wall_time")
+    axes[2].plot([p["x"] for p in points], [p["score"] for p in points], "o-", color=EVAL_COLOR,
+                 label="held-out score")
+    axes[2].set_xlabel("wall-clock (s)")
+    axes[2].set_ylabel("score / fitness ×100")
+    axes[2].set_title("against wall-clock time", fontsize=9)
+    axes[2].grid(alpha=0.3)
+    _legend_below(axes[2])
+    for ax in axes[:2]:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     paths.append(out_dir / "score.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
     counts = lag_counts(records)
-    lags = sorted(counts) or [0]
-    axes[0].bar(lags, [counts.get(lag, 0) for lag in lags])
+    lags = list(range(max(counts) + 1)) if counts else [0]
+    axes[0].bar(lags, [counts.get(lag, 0) for lag in lags], width=0.6)
+    axes[0].set_xticks(lags)  # lags are whole updates
+    axes[0].yaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].set_xlabel("lag of accepted fitness (updates)")
     axes[0].set_ylabel("members")
-    axes[0].set_title("lag histogram")
-    xs, ys = _series(records, "update", "slot_utilization")
-    axes[1].plot(xs, ys, "-")
-    axes[1].set_ylim(0, 1.05)
-    axes[1].set_xlabel("ES updates")
-    axes[1].set_ylabel("busy slots / slots")
-    axes[1].set_title("slot utilization")
+    axes[0].set_title("lag histogram", fontsize=9)
+    updates = [r for r in records if r.get("kind") == "update" and r.get("version") is not None]
+    versions = [r["version"] for r in updates]
+    ax = axes[1]
+    stale = [r.get("cohort_stale_fraction") for r in updates]
+    if any(v is not None for v in stale):
+        ax.plot(versions, [v if v is not None else float("nan") for v in stale], "o-", markersize=3,
+                label="stale share of the cohort")
+    utilization = [r["slot_utilization"] for r in updates if r.get("slot_utilization") is not None]
+    notes = []
+    if is_constant(utilization):
+        notes.append(f"slot utilization {utilization[0]:.2f} at every update")
+    elif utilization:
+        ax.plot([r["version"] for r in updates if r.get("slot_utilization") is not None], utilization, "-",
+                label="slot utilization (busy slots / slots)")
+    ax.set_ylim(-0.02, 1.05)
+    ax.set_xlabel("ES updates (version)")
+    ax.set_ylabel("share")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    totals = [r.get("discarded") for r in updates]
+    if updates and all(t is not None for t in totals):
+        per_update = [b - a for a, b in zip([0, *totals[:-1]], totals)]
+        if any(per_update):
+            right = ax.twinx()
+            right.bar(versions, per_update, width=0.5, color="tab:red", alpha=0.35,
+                      label="results discarded in the update")
+            right.set_ylabel("discarded", color="tab:red")
+            right.yaxis.set_major_locator(MaxNLocator(integer=True))
+            handles, labels = ax.get_legend_handles_labels()
+            more, more_labels = right.get_legend_handles_labels()
+            _legend_below(ax, handles + more, labels + more_labels)
+        else:
+            notes.append("no results discarded")
+    if not ax.get_legend():
+        _legend_below(ax)
+    ax.set_title("per update" + (f" ({'; '.join(notes)})" if notes else ""), fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     paths.append(out_dir / "staleness.png")
     fig.savefig(paths[-1], dpi=110)

@@ -217,6 +217,15 @@ def _record_resume(run_dir: Path, overrides: list[str] | None) -> None:
     path.write_text(json.dumps(meta, indent=2))
 
 
+def plot_title(config: Config, run_info: dict[str, Any] | None) -> str:
+    """``default: async ES (K=1), seed 0, commit 0c0adf3d`` (``+`` marks uncommitted changes)."""
+    commit = str((run_info or {}).get("git_commit") or "unknown")
+    if commit != "unknown":
+        commit = commit[:8] + ("+" if (run_info or {}).get("git_dirty") else "")
+    return (f"{config.run.name}: {config.schedule.kind} ES (K={config.schedule.max_lag}), seed {config.run.seed}, "
+            f"commit {commit}")
+
+
 def read_run_info(run_dir: Path) -> dict[str, Any] | None:
     """run.json of a run directory, or None when it is missing or unreadable."""
     try:
@@ -936,9 +945,10 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
         records = read_metrics(run_dir / "metrics.jsonl")
         from esjax.plots import write_plots, write_summary
 
-        write_plots(records, run_dir / "plots")
+        run_info = read_run_info(run_dir)
+        write_plots(records, run_dir / "plots", plot_title(config, run_info))
         summary = write_summary(records, run_dir / "summary.md", f"{config.run.name}: {config.schedule.kind} ES",
-                                run_info=read_run_info(run_dir))
+                                run_info=run_info)
         failed = False
     except OSError as err:  # a full or read-only disk under the run directory: stop, keep the last checkpoint
         raise StorageError(f"{run_dir}: cannot write the run ({storage_reason(err)}); stopped at version "

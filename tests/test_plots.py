@@ -1,0 +1,87 @@
+"""The run's figures from hand-made records (no training): every evaluation with its 95% band and success rate
+on a second axis, the population fitness band, integer lags, and no line for a constant utilization."""
+
+from __future__ import annotations
+
+import pytest
+
+from esjax import plots
+from esjax.stats import eval_intervals
+
+
+def _records(utilization=None, discarded=True, intervals=True):
+    records = []
+    for v in range(7):
+        if v:
+            records.append({"kind": "update", "version": v, "wall_time": 10.0 * v, "fitness_mean": 0.5 + 0.01 * v,
+                            "fitness_min": 0.3, "fitness_max": 0.8, "fitness_std": 0.1,
+                            "lag_hist": {"0": 6, "1": 2} if v % 2 else {"0": 8},
+                            "cohort_stale_fraction": 0.25 * (v % 2),
+                            "slot_utilization": utilization if utilization is not None else 0.8 + 0.02 * v,
+                            "discarded": v // 2 if discarded else 0})
+        if v % 3 == 0:
+            rewards = [1.0, 0.5, 0.0, 0.75 + 0.01 * v]
+            record = {"kind": "eval", "version": v, "wall_time": 10.0 * v + 1, "score": 25.0 * sum(rewards),
+                      "success_rate": 0.25, "goals": 4}
+            if intervals:
+                record.update(eval_intervals(rewards))
+            records.append(record)
+    return records
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures write_plots draws, kept open for inspection."""
+    drawn = []
+    monkeypatch.setattr(plots.plt, "close", drawn.append)
+    yield drawn
+    monkeypatch.undo()
+    for fig in drawn:
+        plots.plt.close(fig)
+
+
+def _labels(ax):
+    return [artist.get_label() for artist in (*ax.lines, *ax.collections, *ax.containers)]
+
+
+def test_eval_points_and_bands():
+    with_bounds = plots.eval_points(_records())
+    assert [p["x"] for p in with_bounds] == [0, 3, 6]
+    assert all(p["score_ci_low"] < p["score"] < p["score_ci_high"] for p in with_bounds)
+    assert all(0 <= p["success_ci_low"] < 0.25 < p["success_ci_high"] for p in with_bounds)
+    # a record with its per-goal rewards and no stored interval gets one; without either, no band
+    bare = [r for r in _records(intervals=False) if r["kind"] == "eval"]
+    assert all("score_ci_low" not in p for p in plots.eval_points(bare))
+    from_rewards = plots.eval_points([{**bare[0], "rewards": [1.0, 0.5, 0.0, 0.75]}])
+    assert from_rewards[0]["score_ci_low"] == pytest.approx(eval_intervals([1.0, 0.5, 0.0, 0.75])["score_ci_low"])
+    band = plots.fitness_band(_records())
+    assert band["x"] == [1, 2, 3, 4, 5, 6] and band["min"] == [30.0] * 6 and band["max"] == [80.0] * 6
+    assert band["sd_low"][0] == pytest.approx(41.0) and band["sd_high"][0] == pytest.approx(61.0)
+
+
+def test_figures_show_bands_success_rate_integer_lags(figures, tmp_path):
+    paths = plots.write_plots(_records(), tmp_path, title="default: async ES (K=1), seed 0, commit 0123abcd")
+    assert [p.name for p in paths] == ["score.png", "staleness.png"] and all(p.stat().st_size > 0 for p in paths)
+    score, staleness = figures
+    assert score._suptitle.get_text().endswith("seed 0, commit 0123abcd")
+    evaluation, population, wall, success = score.axes  # the success rate's axis is the evaluation panel's twin
+    assert evaluation.lines[0].get_xdata().tolist() == [0, 3, 6]  # every evaluation point
+    assert "95% interval over goals (t)" in _labels(evaluation)
+    assert success.get_shared_x_axes().joined(success, evaluation)
+    assert success.lines[0].get_label() == "success rate (reward = 1), right axis"
+    assert "its 95% interval (Wilson)" in _labels(success)
+    assert {"cohort mean fitness ×100", "cohort min-max", "mean ± 1 SD"} <= set(_labels(population))
+    lags, per_update, discards = staleness.axes
+    assert [t.get_text() for t in lags.get_xticklabels()] == ["0", "1"]  # whole lags only
+    assert "slot utilization (busy slots / slots)" in _labels(per_update)
+    assert "stale share of the cohort" in _labels(per_update)
+    assert sum(bar.get_height() for bar in discards.patches) == 3  # discarded per update, from the running total
+
+
+def test_constant_utilization_is_stated_not_drawn(figures, tmp_path):
+    plots.write_plots(_records(utilization=1.0, discarded=False), tmp_path)
+    _, staleness = figures
+    lags, per_update = staleness.axes  # no discards: no second axis
+    assert "slot utilization (busy slots / slots)" not in _labels(per_update)
+    assert "slot utilization 1.00 at every update" in per_update.get_title()
+    assert "no results discarded" in per_update.get_title()
