@@ -15,6 +15,7 @@ CLI can print it and exit non-zero without a traceback:
 from __future__ import annotations
 
 import copy
+import difflib
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -340,7 +341,8 @@ def _format_validation_error(err: ValidationError, source: str, origins: Origins
     loc = ".".join(path)
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
-        return f"{_blame(path, origins, source)}: unknown key {loc!r}"
+        hint = _did_you_mean(path)
+        return f"{_blame(path, origins, source)}: unknown key {loc!r}" + (f"; did you mean {hint!r}?" if hint else "")
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
         # Validators name their own key ("es.population: ..."); keep that form and blame that key's file.
@@ -351,6 +353,33 @@ def _format_validation_error(err: ValidationError, source: str, origins: Origins
     got = first.get("input")
     got_text = f" (got {_short(got)})" if got is not None and not isinstance(got, dict) else ""
     return f"{_blame(path, origins, source)}: {loc}: {msg}{got_text}"
+
+
+def _known_keys(model: type[BaseModel] | None = None, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every settable key path of :class:`Config` (sections and their fields)."""
+    out: list[tuple[str, ...]] = []
+    for name, field in (model or Config).model_fields.items():
+        out.append((*prefix, name))
+        kind = field.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            out.extend(_known_keys(kind, (*prefix, name)))
+    return out
+
+
+def _did_you_mean(path: tuple[str, ...]) -> str | None:
+    """The known key closest to the unknown ``path``: a sibling spelled alike (``es.sigmma`` → ``es.sigma``),
+    else the same name or a close one in another section (``run.sigma`` → ``es.sigma``); None when nothing is close."""
+    known = _known_keys()
+    siblings = [key[-1] for key in known if key[:-1] == path[:-1]]
+    close = difflib.get_close_matches(path[-1], siblings, n=1, cutoff=0.6)
+    if close:
+        return ".".join((*path[:-1], close[0]))
+    elsewhere = {".".join(key): key[-1] for key in known if len(key) == len(path) and key[:-1] != path[:-1]}
+    same = [dotted for dotted, name in elsewhere.items() if name == path[-1]]
+    if len(same) == 1:
+        return same[0]
+    close = difflib.get_close_matches(".".join(path), list(elsewhere), n=1, cutoff=0.8)
+    return close[0] if close else None
 
 
 def _short(value: Any) -> str:
@@ -451,6 +480,8 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, *,
         _set_dotted(raw, key, value, where)
         keys = tuple(key.split("."))
         origins[keys] = where
+        for n in range(1, len(keys)):  # a section only this override names (an unknown one is blamed on it)
+            origins.setdefault(keys[:n], where)
         if isinstance(value, dict):
             origins.update(dict.fromkeys(((*keys, *sub) for sub in _key_paths(value)), where))
     return config_from_dict(raw, source, origins)

@@ -203,6 +203,34 @@ def test_bad_overrides_blame_the_override(args, key, capsys):
     assert code == 2 and err.count("\n") == 1 and key in err and f"--set {args[-1]}" in err, err
 
 
+@pytest.mark.parametrize(
+    ("override", "unknown", "suggested"),
+    [
+        ("es.sigmma=0.1", "es.sigmma", "es.sigma"),  # a typo: the sibling spelled alike
+        ("es.learning_rte=0.1", "es.learning_rte", "es.learning_rate"),
+        ("schedule.maxlag=2", "schedule.maxlag", "schedule.max_lag"),
+        ("run.sigma=0.1", "run.sigma", "es.sigma"),  # the right name in the wrong section
+        ("ess.sigma=0.1", "ess", "es"),  # a misspelled section
+        ("es={sigmaa: 0.1}", "es.sigmaa", "es.sigma"),  # inside a section given as a mapping
+    ],
+)
+def test_unknown_keys_suggest_the_closest_known_key(override, unknown, suggested, capsys):
+    code, err = _cli(["--set", override], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"--set {override}: unknown key {unknown!r}; did you mean {suggested!r}?" in err, err
+
+
+def test_unknown_key_in_a_file_suggests_and_blames_the_file(tmp_path):
+    (tmp_path / "parent.yaml").write_text("schedule: {kind: sync, slot: 4}\n")
+    (tmp_path / "cfg.yaml").write_text("extends: parent.yaml\nes: {sigma: 0.05}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "cfg.yaml")
+    assert str(info.value) == f"{tmp_path / 'parent.yaml'}: unknown key 'schedule.slot'; did you mean 'schedule.slots'?"
+    with pytest.raises(ConfigError) as info:  # nothing close: no suggestion
+        load_config(None, ["nosuch.key=1"])
+    assert str(info.value) == "--set nosuch.key=1: unknown key 'nosuch'"
+
+
 def test_yaml_numbers_and_strict_types_that_stay_valid(tmp_path):
     cfg = tmp_path / "ok.yaml"
     cfg.write_text("es: {sigma: 1e-3, learning_rate: 2, include: ['norm/scale$']}\nrun: {updates: 12}\n")
