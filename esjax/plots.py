@@ -105,9 +105,9 @@ def _eval_axes(ax, points: list[dict[str, Any]], xlabel: str, legend: bool) -> N
         right.errorbar([p["x"] for p in banded], [100 * p["success_rate"] for p in banded], yerr=[lows, highs],
                        fmt="none", ecolor=SUCCESS_COLOR, alpha=0.45, capsize=3, label="its 95% interval (Wilson)")
     right.set_ylabel("success rate", color=SUCCESS_COLOR)
-    right.yaxis.set_major_formatter(PercentFormatter(decimals=0))
     top = max(right.get_ylim()[1], 1.0)
     right.set_ylim(-0.03 * top, top)  # from 0% (a marker at 0% stays whole)
+    right.yaxis.set_major_formatter(PercentFormatter(decimals=0 if top >= 10 else 1))  # 2.2% and 4.6%: no "2%, 2%"
     low, high = ax.get_ylim()
     if high - low < 5:  # a flat score (e.g. 0 everywhere): a readable range instead of ±0.05
         ax.set_ylim(low - (5 - (high - low)) / 2, high + (5 - (high - low)) / 2)
