@@ -265,19 +265,38 @@ def _warning_lines(records: list[dict[str, Any]]) -> list[str]:
     return ["## Warnings", "", *lines, ""] if lines else []
 
 
+def _interval(point: dict[str, Any], name: str, scale: float, unit: str) -> str:
+    """``[62.1, 65.7]`` from a point's ``<name>_ci_low`` / ``_high`` (× ``scale``), or ``n/a``."""
+    low, high = point.get(f"{name}_ci_low"), point.get(f"{name}_ci_high")
+    if low is None or high is None:
+        return "n/a"
+    return f"[{scale * low:.1f}{unit}, {scale * high:.1f}{unit}]"
+
+
 def write_summary(records: list[dict[str, Any]], out_path: str | Path, title: str,
                   run_info: dict[str, Any] | None = None) -> str:
-    """A short markdown summary: before/after eval, updates, acceptance, staleness, warnings, and (from
+    """A short markdown summary: every evaluation (score, success rate, their 95% intervals where the record has
+    them or its per-goal rewards), updates, acceptance, staleness, warnings, and (from
     ``run_info``, the run's run.json) the commit, overrides and machine."""
-    evals = [r for r in records if r.get("kind") == "eval"]
+    evals = eval_points(records)
+    goals = {r["version"]: r.get("goals") for r in records if r.get("kind") == "eval" and "version" in r}
     updates = [r for r in records if r.get("kind") == "update"]
     lines = [f"# {title}", ""]
     if evals:
-        first, last = evals[0], evals[-1]
-        lines += ["| | version | score | success rate |", "|---|---|---|---|",
-                  f"| before | {first['version']} | {first['score']:.1f} | {100 * first['success_rate']:.1f}% |",
-                  f"| after | {last['version']} | {last['score']:.1f} | {100 * last['success_rate']:.1f}% |",
-                  "", f"Δ score: {last['score'] - first['score']:+.1f} on {last.get('goals', '?')} held-out goals.", ""]
+        lines += ["Every held-out evaluation (unperturbed θ, greedy; 95% intervals over goals: score t, success "
+                  "rate Wilson):", "",
+                  "| | version | score | score 95% CI | success rate | success 95% CI | goals |",
+                  "|---|---|---|---|---|---|---|"]
+        for i, p in enumerate(evals):
+            label = "before" if i == 0 else "after" if i == len(evals) - 1 else ""
+            success = "n/a" if p.get("success_rate") is None else f"{100 * p['success_rate']:.1f}%"
+            lines.append(f"| {label} | {p['x']} | {p['score']:.1f} | {_interval(p, 'score', 1, '')} | {success} | "
+                         f"{_interval(p, 'success', 100, '%')} | {goals.get(p['x'], '?')} |")
+        lines.append("")
+        if len(evals) >= 2:
+            first, last = evals[0], evals[-1]
+            lines += [f"Δ score: {last['score'] - first['score']:+.1f} on {goals.get(last['x'], '?')} held-out "
+                      "goals.", ""]
     if updates:
         last = updates[-1]
         counts = lag_counts(records)

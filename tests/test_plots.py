@@ -85,3 +85,19 @@ def test_constant_utilization_is_stated_not_drawn(figures, tmp_path):
     assert "slot utilization (busy slots / slots)" not in _labels(per_update)
     assert "slot utilization 1.00 at every update" in per_update.get_title()
     assert "no results discarded" in per_update.get_title()
+
+
+def test_summary_lists_every_evaluation_with_its_intervals(tmp_path):
+    records = _records()
+    text = plots.write_summary(records, tmp_path / "summary.md", "run")
+    assert (tmp_path / "summary.md").read_text() == text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line.split("|")[2].strip().isdigit()]
+    assert [row.split("|")[1].strip() for row in rows] == ["before", "", "after"]
+    for row, point in zip(rows, plots.eval_points(records)):
+        cells = [cell.strip() for cell in row.split("|")[2:-1]]
+        assert cells == [str(point["x"]), f"{point['score']:.1f}",
+                         f"[{point['score_ci_low']:.1f}, {point['score_ci_high']:.1f}]", "25.0%",
+                         f"[{100 * point['success_ci_low']:.1f}%, {100 * point['success_ci_high']:.1f}%]", "4"]
+    assert "Δ score: +1.5 on 4 held-out goals." in text
+    bare = plots.write_summary(_records(intervals=False), tmp_path / "bare.md", "run")  # older records: no bounds
+    assert "|  | 3 | 57.0 | n/a | 25.0% | n/a | 4 |" in bare
