@@ -12,8 +12,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m esjax.run", description=__doc__)
     parser.add_argument("--config", help="YAML config (see configs/); defaults when omitted")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
-                        help="override one config key, e.g. --set es.sigma=0.01 (repeatable)")
-    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+                        help="override one config key, e.g. --set run.seed=1 (repeatable; with es.scale=nes change "
+                             "es.sigma together with es.learning_rate: σ also divides the step)")
+    parser.add_argument("--resume", metavar="RUN_DIR",
+                        help="continue the run in RUN_DIR from its latest checkpoint (a finished run with --set "
+                             "run.updates=N: go on to N updates)")
     parser.add_argument("--run-dir", metavar="DIR", help="write the run here (default: runs/<name>-<time>)")
     return parser
 

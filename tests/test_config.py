@@ -284,3 +284,21 @@ def test_read_only_run_directory_at_start_is_one_line(which, tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(lines) == 1 and "Read-only file system" in lines[0] and str(run_dir) in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_readme_sigma_overrides_keep_the_step_size():
+    """With es.scale=nes σ divides the step (g = Σ w ε / (N σ)): a README command that sets es.sigma must set the
+    learning rate too, keeping the config's learning_rate / sigma, so the example does not change the step size."""
+    import shlex
+
+    commands = [line.split("#")[0] for line in (REPO / "README.md").read_text().splitlines()
+                if line.startswith("python -m esjax.run ") and "es.sigma" in line]
+    assert commands, "the README shows how to change σ safely"
+    for command in commands:
+        argv = shlex.split(command)[3:]
+        config_path = argv[argv.index("--config") + 1]
+        overrides = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
+        base, changed = load_config(REPO / config_path), load_config(REPO / config_path, overrides)
+        assert any(o.startswith("es.learning_rate=") for o in overrides), command
+        assert changed.es.sigma != base.es.sigma and base.es.scale == "nes"
+        assert changed.es.learning_rate / changed.es.sigma == pytest.approx(base.es.learning_rate / base.es.sigma)
