@@ -31,7 +31,7 @@ from esjax.model.perturb import Perturbation, Prepared, prepare_jit
 from esjax.model.sharding import put_batch
 
 #: Upper bound on the float32 logits materialized at once by ``token_logprobs``.
-LOGITS_CHUNK_BYTES = 256 << 20
+LOGITS_CHUNK_BYTES = 32 << 20
 
 
 def _time_chunk(rows: int, length: int, vocab: int) -> int:

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from esjax.agent.scoring import LOGITS_CHUNK_BYTES  # the cap on float32 logits materialized at once
 from esjax.es.noise import path_str
 from esjax.model.config import ModelConfig
 from esjax.model.decoder import init_cache
@@ -35,7 +36,6 @@ from esjax.model.sharding import CACHE_AXES, DATA, MODEL, logical_to_spec
 
 GiB = 1 << 30
 Optimizer = Literal["sgd", "momentum", "adam"]
-LOGITS_CHUNK_BYTES = 256 << 20  # esjax.agent.scoring caps materialized float32 logits at this
 FULL_CHUNK = 4  # esjax.es.update.DEFAULT_CHUNK["full"]
 LOWRANK_CHUNK = 256  # esjax.es.update.DEFAULT_CHUNK["lowrank"]
 
