@@ -1,6 +1,7 @@
 """Wall-clock study: does bounded-staleness async ES remove the synchronous barrier's straggler idle time?
 
-Two measurements, side by side, written to ``experiments/results/wallclock.md`` (+ ``wallclock.png``):
+Two measurements, side by side, written to ``wallclock.md`` (+ ``wallclock.png``) in ``experiments/results/`` for
+the real WebShop runs (``--data webshop_small``), ``experiments/results/<data>/`` for others:
 
 1. **Simulated**, at G ∈ {4, 16, 64} workers: the latency simulator (``esjax.loop.simulate``) drives the real
    coordinator and schedules with the *measured* member-rollout durations of the staleness grid's runs
@@ -10,7 +11,7 @@ Two measurements, side by side, written to ``experiments/results/wallclock.md`` 
 2. **Real loop**: ticks and seconds per update of the grid's sync vs async runs (same seeds, same budget),
    and their slot utilization.
 
-    python experiments/wallclock.py [--runs experiments/runs] [--data synthetic] [--updates 200]
+    python experiments/wallclock.py --data webshop_small [--runs experiments/runs] [--updates 200]
 """
 
 from __future__ import annotations
@@ -118,11 +119,14 @@ def write_figure(curves: dict, populations: list[int], out: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: experiments/results/ for the real WebShop runs, results/<data>/ else")
     parser.add_argument("--data", default="synthetic")
     parser.add_argument("--updates", type=int, default=200, help="simulated updates per run")
     parser.add_argument("--seeds", type=int, default=3, help="simulator seeds per setting")
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = DEFAULT_RESULTS if args.data == "webshop_small" else DEFAULT_RESULTS / args.data
     grid = read_grid(args.runs, args.data)
     values, source = measured_durations(grid)
     if not values:
