@@ -354,3 +354,14 @@ def test_real_preset_cli(tmp_path, capsys):
     assert staleness_grid.main(["--quick", "--data", "webshop_small", "--cells", "sync", "--seeds", "1",
                                 "--out", str(tmp_path), "--list"]) == 0
     assert "done  sync  seed0" in capsys.readouterr().out
+
+
+def test_findings_flag_a_margin_as_large_as_what_sync_learns():
+    """Sync gains 2 points (final) and 1 (AUC): at m = 3 an equivalence would also admit a schedule that
+    learned nothing, and the findings say so; at m = 0.5 they do not."""
+    grid = _grid({"async-K1": [0.1, -0.1, 0.0, 0.2]}, base=[60.0, 61.0, 62.0, 63.0])  # a cell beside sync
+    for run in grid["sync"]:
+        run["initial"], run["auc"] = run["final"] - 2.0, run["final"] - 1.0
+    assert "final-score gain +2.0, AUC gain +1.0 vs m = ±3" in report.margin_caveat(grid["sync"], 3.0)
+    assert "(AUC gain +1.0 vs m = ±1.5)" in report.margin_caveat(grid["sync"], 1.5)
+    assert report.margin_caveat(grid["sync"], 0.5) is None
