@@ -12,7 +12,8 @@ ROWS = ROLLOUT_BUCKETS.rows
 @pytest.mark.parametrize("n, expected", [(1, [1]), (8, [8]), (111, [64, 32, 8, 7]), (67, [64, 3]),
                                          (128, [128]), (300, [128, 128, 32, 8, 4])])
 def test_call_sizes_use_whole_buckets_first(n, expected):
-    assert call_sizes(n, ROWS) == expected
+    assert call_sizes(n, ROWS, most=128) == expected
+    assert max(call_sizes(n, ROWS)) <= MAX_CALL_ROWS  # the default cap bounds a call's activation memory
 
 
 def test_call_sizes_cover_every_row_and_pad_at_most_one_small_call():

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+import jax
 import numpy as np
 
 from esjax.agent.buckets import Buckets
@@ -42,8 +43,13 @@ ROLLOUT_BUCKETS = Buckets(rows=(8, 16, 32, 64, 128),
                                    2048, 4096),
                           candidates=(4, 8, 12, 16, 32, 64, 128, 256))
 
-#: Most rows in one policy call: bigger groups are split, so the largest row bucket bounds a call's memory.
+#: Most rows in one policy call on an accelerator: bigger groups are split, so this bounds a call's memory.
 MAX_CALL_ROWS = 128
+
+#: The same on a CPU, where small calls are both leaner and faster. Default config, seed 0, 2-core CPU alone:
+#: 128-row calls 4 min 54 s and 2.61 GB peak RSS, 32-row calls 3 min 47 s and 1.58 GB, 16-row calls 3 min 10 s
+#: and 1.37 GB, every evaluation identical.
+MAX_CALL_ROWS_CPU = 16
 
 
 def call_sizes(n: int, row_buckets: Sequence[int], most: int = MAX_CALL_ROWS) -> list[int]:
@@ -129,6 +135,8 @@ class RolloutEngine:
       max_steps: episode step cap (an episode that never buys scores 0).
       temperature: sampling temperature over candidate log-likelihoods (training rows); 0 = greedy.
       buckets: padding of policy calls; coarse buckets keep a run to a handful of compiled programs.
+      max_call_rows: most rows in one policy call (None: :data:`MAX_CALL_ROWS_CPU` on a CPU backend, else
+        :data:`MAX_CALL_ROWS`).
       step_timeout: seconds one env step may take (None: no limit). Steps then run on a helper thread;
         a step past the limit fails its episode, its env session is replaced (``pool.replace_env``) and
         the thread is abandoned. An env step that raises fails its episode either way; failed episodes
@@ -137,7 +145,8 @@ class RolloutEngine:
 
     def __init__(self, pool: Any, agent: WebShopAgent, model_config: ModelConfig, noise: NoiseSpec,
                  sigma_at: Callable[[int], float], max_steps: int, temperature: float = 1.0,
-                 buckets: Buckets = ROLLOUT_BUCKETS, step_timeout: float | None = None):
+                 buckets: Buckets = ROLLOUT_BUCKETS, step_timeout: float | None = None,
+                 max_call_rows: int | None = None):
         self.pool = pool
         self.agent = agent
         self.model_config = model_config
@@ -147,6 +156,9 @@ class RolloutEngine:
         self.temperature = temperature
         self.buckets = buckets
         self.step_timeout = step_timeout
+        if max_call_rows is None:
+            max_call_rows = MAX_CALL_ROWS_CPU if jax.default_backend() == "cpu" else MAX_CALL_ROWS
+        self.max_call_rows = max_call_rows
         self.free_rows: list[int] = list(range(len(pool)))[::-1]
         self.live: dict[int, Episode] = {}
 
@@ -223,7 +235,7 @@ class RolloutEngine:
         for version, group in sorted(groups.items()):
             ordered = [episode for _, _, episode in sorted(group, key=lambda item: item[:2])]
             start = 0
-            for size in call_sizes(len(ordered), self.buckets.rows or (MAX_CALL_ROWS,)):
+            for size in call_sizes(len(ordered), self.buckets.rows or (self.max_call_rows,), self.max_call_rows):
                 calls.append((version, ordered[start:start + size]))
                 start += size
         return calls
