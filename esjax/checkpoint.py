@@ -67,6 +67,10 @@ class Checkpointer:
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
 
+    def loop_state(self, step: int) -> dict[str, Any]:
+        """The loop state saved with checkpoint ``step`` (no arrays are read)."""
+        return dict(self.manager.restore(step, args=ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"])
+
     def restore_latest(self, target: Callable[[dict[str, Any]], PyTree]) -> tuple[int, PyTree, dict[str, Any]]:
         """Restore the newest readable checkpoint.
 
@@ -78,10 +82,10 @@ class Checkpointer:
             raise CheckpointError(f"{self.directory}: no checkpoints to resume from")
         for step in reversed(steps):
             try:
-                loop = self.manager.restore(step, args=ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"]
+                loop = self.loop_state(step)
                 example = _abstract(target(dict(loop)))
                 es = self.manager.restore(step, args=ocp.args.Composite(es=ocp.args.StandardRestore(example)))["es"]
-                return step, es, dict(loop)
+                return step, es, loop
             except Exception as err:  # noqa: BLE001 - any unreadable step falls back to an older one
                 first_line = str(err).splitlines()[0][:200] if str(err) else ""
                 message = (f"checkpoint {self.directory / str(step)} could not be restored "
@@ -92,6 +96,15 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+def read_loop_state(run_dir: str | Path, step: int) -> dict[str, Any]:
+    """The loop state of checkpoint ``step`` of a run directory (versions, coordinator, live episodes, ...)."""
+    checkpointer = Checkpointer(run_dir)
+    try:
+        return checkpointer.loop_state(step)
+    finally:
+        checkpointer.close()
 
 
 def _reason(err: BaseException) -> str:

@@ -16,11 +16,10 @@ import time
 import types
 from pathlib import Path
 
-import orbax.checkpoint as ocp
 import pytest
 
 import esjax.trainer
-from esjax.checkpoint import Checkpointer
+from esjax.checkpoint import read_loop_state
 from esjax.run import main
 
 TINY = ["model.source=random", "run.updates=2", "run.eval_every=1", "run.checkpoint_every=1", "es.population=4",
@@ -30,14 +29,6 @@ TINY = ["model.source=random", "run.updates=2", "run.eval_every=1", "run.checkpo
 
 def _records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def _checkpoint_loop(run_dir: Path, step: int) -> dict:
-    checkpointer = Checkpointer(run_dir)
-    try:
-        return dict(checkpointer.manager.restore(step, args=ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"])
-    finally:
-        checkpointer.close()
 
 
 def _walls(records: list[dict]) -> list[float]:
@@ -59,7 +50,7 @@ def test_resumed_wall_time_continues_from_the_checkpoint(finished, tmp_path):
     run_dir = tmp_path / "killed"
     shutil.copytree(finished, run_dir)
     shutil.rmtree(run_dir / "checkpoints" / "2")  # as if killed right after checkpoint 1
-    loop = _checkpoint_loop(run_dir, 1)
+    loop = read_loop_state(run_dir, 1)
     kept = loop["metrics_records"]  # records written up to the checkpoint; the rest are dropped and redone
     started = time.perf_counter()
     assert main(["--resume", str(run_dir)]) == 0

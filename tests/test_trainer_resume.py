@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from reliability import record
 
-from esjax.checkpoint import Checkpointer
+from esjax.checkpoint import read_loop_state
 from esjax.config import load_config
 from esjax.traces import read_traces
 from esjax.trainer import train
@@ -73,16 +73,6 @@ def _same_bits(a, b) -> bool:
         for x, y in zip(leaves_a, leaves_b))
 
 
-def _loop_state(run_dir: Path, step: int) -> dict:
-    import orbax.checkpoint as ocp
-
-    checkpointer = Checkpointer(run_dir)
-    try:
-        return dict(checkpointer.manager.restore(step, args=ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"])
-    finally:
-        checkpointer.close()
-
-
 def _trace_files(run_dir: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted((run_dir / "traces").iterdir())}
 
@@ -116,7 +106,7 @@ def test_every_version_is_its_own_step(reference):
         "every member earned the same reward: pick a policy / env setting where fitness varies, or the resume "
         "test compares nothing")
     for step in _steps(result.run_dir):
-        loop = _loop_state(result.run_dir, step)
+        loop = read_loop_state(result.run_dir, step)
         assert loop["coordinator"]["version"] == step  # θ and the coordinator at the checkpoint's version
         finished_unreported = [j for j, data in loop["jobs"].items() if len(data["rewards"]) == TASKS]
         assert finished_unreported == []  # a consistent point: every finished job reported
@@ -134,7 +124,7 @@ def test_resume_from_every_checkpoint_is_bit_identical(reference, tmp_path):
             if later > step:
                 shutil.rmtree(run_dir / "checkpoints" / str(later))
         # traces of evaluations not finished at the checkpoint are written again by the resumed run
-        loop = _loop_state(run_dir, step)
+        loop = read_loop_state(run_dir, step)
         finished = set(loop["evaluated_versions"]) - {ev["version"] for ev in loop["evals"]}
         for path in (run_dir / "traces").iterdir():
             if int(path.stem.removeprefix("eval-v")) not in finished:
