@@ -182,39 +182,33 @@ def git_commit() -> dict[str, Any]:
         return {"commit": "unknown", "dirty": None}
 
 
-def run_metadata(config: Config, overrides: list[str] | None = None) -> dict[str, Any]:
-    import flax
-
+def _session(overrides: list[str] | None) -> dict[str, Any]:
+    """Who ran this start or resume: the esjax commit, the ``--set`` overrides, the machine and its devices."""
     from esjax.machine import machine_info
 
     source = git_commit()
-    return {"esjax": esjax.__version__, "git_commit": source["commit"], "git_dirty": source["dirty"],
-            "jax": jax.__version__, "jaxlib": jax.lib.__version__
+    return {"git_commit": source["commit"], "git_dirty": source["dirty"], "overrides": list(overrides or []),
+            "machine": machine_info(), "devices": [str(d) for d in jax.devices()], "argv": sys.argv,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def run_metadata(config: Config, overrides: list[str] | None = None) -> dict[str, Any]:
+    import flax
+
+    return {"esjax": esjax.__version__, "jax": jax.__version__, "jaxlib": jax.lib.__version__
             if hasattr(jax.lib, "__version__") else None, "flax": flax.__version__, "optax": optax.__version__,
             "python": sys.version.split()[0], "platform": platform.platform(), "seed": config.run.seed,
-            "machine": machine_info(), "devices": [str(d) for d in jax.devices()],
-            "device_kind": jax.devices()[0].device_kind, "overrides": list(overrides or []), "argv": sys.argv,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "device_kind": jax.devices()[0].device_kind, **_session(overrides)}
 
 
 def _record_resume(run_dir: Path, overrides: list[str] | None) -> None:
     """Append this resume (commit, overrides, machine) to run.json's ``resumes`` list (best effort: a run.json
     that is missing or unreadable is left alone)."""
-    path = run_dir / "run.json"
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError):
+    meta = read_run_info(run_dir)
+    if meta is None:
         return
-    if not isinstance(meta, dict):
-        return
-    from esjax.machine import machine_info
-
-    source = git_commit()
-    meta.setdefault("resumes", []).append(
-        {"git_commit": source["commit"], "git_dirty": source["dirty"], "overrides": list(overrides or []),
-         "machine": machine_info(), "devices": [str(d) for d in jax.devices()], "argv": sys.argv,
-         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-    path.write_text(json.dumps(meta, indent=2))
+    meta.setdefault("resumes", []).append(_session(overrides))
+    (run_dir / "run.json").write_text(json.dumps(meta, indent=2))
 
 
 def plot_title(config: Config, run_info: dict[str, Any] | None) -> str:
