@@ -40,8 +40,7 @@ EpisodeKind = Literal["train", "eval"]
 #: 24 tokens; an item page: options of a few tokens each) in steps of 32 up to 256.
 ROLLOUT_BUCKETS = Buckets(rows=(8, 16, 32, 64, 128),
                           lengths=(8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 512, 768, 1024,
-                                   2048, 4096),
-                          candidates=(4, 8, 12, 16, 32, 64, 128, 256))
+                                   2048, 4096))
 
 #: Most rows in one policy call on an accelerator: bigger groups are split, so this bounds a call's memory.
 MAX_CALL_ROWS = 128
@@ -55,7 +54,7 @@ MAX_CALL_ROWS_CPU = 16
 def call_sizes(n: int, row_buckets: Sequence[int], most: int = MAX_CALL_ROWS) -> list[int]:
     """Split ``n`` rows into calls of bucket sizes, largest first, so only the last call pads rows.
 
-    ``111 -> [64, 32, 15]`` (15 padded to 16) instead of one call of 111 padded to 128: every padded row is
+    ``111 -> [64, 32, 8, 7]`` (7 padded to 8) instead of one call of 111 padded to 128: every padded row is
     computed, and a few more calls cost little next to that (they are all dispatched before any is read).
     """
     sizes = sorted(s for s in row_buckets if s <= most) or [most]
