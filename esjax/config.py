@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import difflib
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -409,11 +410,12 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _key_paths(tree: dict[str, Any], prefix: tuple[str, ...] = ()):
+def key_paths(tree: dict[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Every key path of a nested mapping, sections before their keys (``("es",)``, ``("es", "sigma")``, ...)."""
     for key, value in tree.items():
         yield (*prefix, str(key))
         if isinstance(value, dict):
-            yield from _key_paths(value, (*prefix, str(key)))
+            yield from key_paths(value, (*prefix, str(key)))
 
 
 def _read_tree(path: str | Path, _seen: tuple[Path, ...] = ()) -> tuple[dict[str, Any], Origins]:
@@ -450,7 +452,7 @@ def _read_tree(path: str | Path, _seen: tuple[Path, ...] = ()) -> tuple[dict[str
             raise ConfigError(f"{path}: extends: {parent!r} not found ({parent_file})")
         base, origins = _read_tree(parent_file, (*_seen, file.resolve()))
         merged = _deep_merge(base, raw)
-    origins.update(dict.fromkeys(_key_paths(raw), str(path)))
+    origins.update(dict.fromkeys(key_paths(raw), str(path)))
     return merged, origins
 
 
@@ -470,7 +472,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, *,
     if base:
         if not isinstance(base, dict):
             raise ConfigError(f"{base_source}: expected a mapping of sections, got {type(base).__name__}")
-        under = dict.fromkeys(_key_paths(base), base_source)
+        under = dict.fromkeys(key_paths(base), base_source)
         raw, origins = _deep_merge(base, raw), {**under, **origins}
         if path is None:
             source = base_source
@@ -483,7 +485,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, *,
         for n in range(1, len(keys)):  # a section only this override names (an unknown one is blamed on it)
             origins.setdefault(keys[:n], where)
         if isinstance(value, dict):
-            origins.update(dict.fromkeys(((*keys, *sub) for sub in _key_paths(value)), where))
+            origins.update(dict.fromkeys(((*keys, *sub) for sub in key_paths(value)), where))
     return config_from_dict(raw, source, origins)
 
 

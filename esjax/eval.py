@@ -92,7 +92,7 @@ def _settings_line(config: Any, base: dict[str, Any], user_set: dict[str, str], 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from esjax.config import load_config, read_yaml
+    from esjax.config import key_paths, load_config, read_yaml
     from esjax.trainer import build_agent, build_policy, build_shop, load_run, resolve_prompt_style, resume_config
 
     overrides = []
@@ -109,9 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         found = None if args.ignore_run_settings else read_run_settings(args.model)
         if args.config:
-            from esjax.config import _key_paths
-
-            for keys in _key_paths(read_yaml(args.config)):
+            for keys in key_paths(read_yaml(args.config)):
                 user_set.setdefault(".".join(keys), "--config")
         model = ["model.source=hf", f"model.path={args.model}"]
         if found is None:
