@@ -70,6 +70,7 @@ if str(REPO) not in sys.path:
 from experiments.staleness_grid import DEFAULT_OUT, FRACTIONS, LAGS, Cell, all_cells  # noqa: E402
 
 DEFAULT_RESULTS = REPO / "experiments" / "results"
+
 DEFAULT_MARGIN = 3.0
 DEFAULT_ALPHA = 0.05
 DEFAULT_POWER = 0.8
@@ -81,6 +82,11 @@ PUBLISHED_LABEL = ("arXiv 2610.04196, held-out success on its public benchmark, 
 PUBLISHED_STALE_SHARE = 0.095  # natural async, G = 4 workers for N = 30
 VERDICTS = ("equivalent within m", "worse", "better", "inconclusive")
 ENDPOINTS = {"final": "final score", "auc": "AUC (mean score along the run)"}
+
+
+def results_dir(data: str) -> Path:
+    """Where a dataset's study results go: experiments/results/ for real WebShop, results/<data>/ for others."""
+    return DEFAULT_RESULTS if data == "webshop_small" else DEFAULT_RESULTS / data
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -992,7 +998,7 @@ def main(argv: list[str] | None = None) -> int:
     if not scan.grid:
         print(f"no finished runs under {args.runs / args.data}", file=sys.stderr)
         return 1
-    out = args.out or (DEFAULT_RESULTS if args.data == "webshop_small" else DEFAULT_RESULTS / args.data)
+    out = args.out or results_dir(args.data)
     path = write_report(scan.grid, out, args.data, args.runs, args.margin, args.alpha, args.power, scan)
     print(f"wrote {path} ({sum(len(v) for v in scan.grid.values())} runs in {len(scan.grid)} cells; "
           f"{len(scan.failed)} failed, {len(scan.unfinished)} unfinished, {len(scan.excluded)} left out)")

@@ -29,7 +29,7 @@ if str(REPO) not in sys.path:
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig  # noqa: E402
 from esjax.loop.schedules import Async, Controlled, Sync  # noqa: E402
 from esjax.loop.simulate import Empirical, simulate  # noqa: E402
-from experiments.report import DEFAULT_RESULTS, read_grid  # noqa: E402
+from experiments.report import read_grid, results_dir  # noqa: E402
 from experiments.staleness_grid import DEFAULT_OUT  # noqa: E402
 
 WORKERS = (4, 16, 64)
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3, help="simulator seeds per setting")
     args = parser.parse_args(argv)
     if args.out is None:
-        args.out = DEFAULT_RESULTS if args.data == "webshop_small" else DEFAULT_RESULTS / args.data
+        args.out = results_dir(args.data)
     grid = read_grid(args.runs, args.data)
     values, source = measured_durations(grid)
     if not values:
