@@ -48,7 +48,7 @@ from esjax.cli_util import UserError
 from esjax.config import Config, ConfigError, config_to_yaml, load_config
 from esjax.es.noise import NoiseSpec, Scope
 from esjax.es.schedules import constant, cosine, linear
-from esjax.es.update import ESConfig
+from esjax.es.step import ESConfig
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig, RejectedUpdate
 from esjax.loop.engine import ESUpdate
 from esjax.loop.rollout import Episode, RolloutEngine
@@ -366,7 +366,7 @@ class Trainer:
         return ESUpdate(self.es_config, state=state, keep=self.K + 1, update_fn=update_fn)
 
     def fresh(self) -> None:
-        from esjax.es.update import init
+        from esjax.es.step import init
 
         params = self.policy.params
         if self.sharded is not None:

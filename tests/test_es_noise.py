@@ -208,7 +208,7 @@ _SHARDED_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
     from esjax.es import noise as nz
-    from esjax.es.update import ESConfig, es_gradient
+    from esjax.es.step import ESConfig, es_gradient
     assert jax.device_count() == 8, jax.devices()
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     shapes = {"layers": (4, 16, 24), "norm": (16,)}
@@ -232,7 +232,7 @@ _SHARDED_SCRIPT = textwrap.dedent("""
 
 
 def test_noise_bit_identical_with_8_sharded_devices(tmp_path):
-    from esjax.es.update import ESConfig, es_gradient
+    from esjax.es.step import ESConfig, es_gradient
 
     script = tmp_path / "sharded.py"
     script.write_text(_SHARDED_SCRIPT)

@@ -6,15 +6,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
-es_update = pytest.importorskip("esjax.es.update", reason="the ES engine (esjax/es/update.py) has not landed")
-
-from esjax.es import noise as es_noise  # noqa: E402
-from esjax.loop.coordinator import Coordinator, CoordinatorConfig  # noqa: E402
-from esjax.loop.engine import ESUpdate, QuadraticFitness  # noqa: E402
-from esjax.loop.schedules import Async, Controlled  # noqa: E402
-from esjax.loop.simulate import HashFitness, LogNormal, simulate  # noqa: E402
+from esjax.es import noise as es_noise
+from esjax.es import step as es_step
+from esjax.loop.coordinator import Coordinator, CoordinatorConfig
+from esjax.loop.engine import ESUpdate, QuadraticFitness
+from esjax.loop.schedules import Async, Controlled
+from esjax.loop.simulate import HashFitness, LogNormal, simulate
 
 
 def _params():
@@ -62,7 +60,7 @@ def test_stale_cohorts_apply_each_members_own_noise_to_current_theta():
     mode, scale, shaping = "lowrank", "llm", "z_score"
     spec = es_noise.NoiseSpec(seed=3, mode=mode, rank=2, antithetic=True, scope=es_noise.Scope("all"))
     sigma, lr = 0.1, 0.05
-    config = es_update.ESConfig(noise=spec, sigma=sigma, scale=scale, shaping=shaping, learning_rate=lr)
+    config = es_step.ESConfig(noise=spec, sigma=sigma, scale=scale, shaping=shaping, learning_rate=lr)
     engine = _Recorder(ESUpdate(config, _params(), keep=3))
     coord = Coordinator(CoordinatorConfig(4, 2, seed=1), Controlled(2, 0.5))
     report = simulate(coord, workers=3, durations=LogNormal(1.0), updates=5, fitness=HashFitness(7), update=engine)
@@ -81,7 +79,7 @@ def test_async_es_descends_a_noisy_quadratic():
     spec = es_noise.NoiseSpec(seed=0, mode="full", antithetic=True, scope=es_noise.Scope("all"))
     params = {"w": jnp.zeros((4, 4))}
     target = {"w": jnp.ones((4, 4))}
-    config = es_update.ESConfig(noise=spec, sigma=0.1, scale="nes", shaping="centered_ranks", learning_rate=0.05)
+    config = es_step.ESConfig(noise=spec, sigma=0.1, scale="nes", shaping="centered_ranks", learning_rate=0.05)
     engine = ESUpdate(config, params, keep=3)
     fitness = QuadraticFitness(spec, 0.1, target, engine.params_at, shared_noise=0.1, member_noise=0.001)
     coord = Coordinator(CoordinatorConfig(8, 2), Async())

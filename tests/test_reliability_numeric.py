@@ -3,8 +3,6 @@ and counted, an event logged) and the run goes on; past ``run.max_nonfinite_upda
 
 from __future__ import annotations
 
-import importlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,7 +43,7 @@ def _same(a, b) -> bool:
 
 @pytest.fixture
 def poison(monkeypatch):
-    module = importlib.import_module("esjax.es.update")
+    from esjax.es import step as module
 
     def install(bad):
         wrapper = PoisonUpdates(module, bad)
@@ -77,7 +75,7 @@ def test_nonfinite_update_is_rejected_and_the_run_goes_on(poison, tmp_path):
     _, _, params, version = load_run(result.run_dir)  # the final checkpoint is finite and loadable
     assert version == 3 and _same(params, result.params)
     record("numeric-nonfinite-update", area="numerical", fault="an ES update produces NaN parameters (twice)",
-           injection="esjax.es.update.update wrapped to return θ·NaN on its 2nd and 3rd call",
+           injection="esjax.es.step.update wrapped to return θ·NaN on its 2nd and 3rd call",
            expected="update rejected: θ and version kept, cohort dropped and counted, `nonfinite_update` event; "
                     "run continues to the last version",
            observed=f"{len(events)} `nonfinite_update` events at version 1; next update saw the identical θ; "
@@ -104,7 +102,7 @@ def test_too_many_nonfinite_updates_stop_the_run_cleanly(poison, tmp_path, capsy
     assert version == 1 and all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
     record("numeric-too-many-nonfinite", area="numerical",
            fault="every ES update after the first produces NaN parameters",
-           injection="esjax.es.update.update wrapped to return θ·NaN from its 2nd call on; "
+           injection="esjax.es.step.update wrapped to return θ·NaN from its 2nd call on; "
                      "run.max_nonfinite_updates=2",
            expected="clean stop with a one-line error after 2 rejections; last good checkpoint intact",
            observed=f"RunAborted, CLI prints one line and exits {exit_info.value.code}; "

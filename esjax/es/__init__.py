@@ -23,7 +23,7 @@ from esjax.es.noise import (
 )
 from esjax.es.schedules import Constant, Cosine, Linear, constant, cosine, linear
 from esjax.es.shaping import centered_ranks, evosax_shaping, get_shaping, raw, shape, z_score
-from esjax.es.update import (
+from esjax.es.step import (
     ES,
     ESConfig,
     ESState,

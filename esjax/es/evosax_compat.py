@@ -7,7 +7,7 @@
 **Convention: as an evosax drop-in it MINIMIZES**, like every evosax algorithm: ``tell`` takes evosax
 fitness (lower is better), and ``fitness_shaping_fn`` is an evosax shaping function. Internally the
 fitness is negated and handed to the same shaping adapter and weighted noise sum as
-:func:`esjax.es.update.update` (which maximizes), so the step is exactly evosax's
+:func:`esjax.es.step.update` (which maximizes), so the step is exactly evosax's
 ``grad = Σ_i w_i z_i / (N σ)``, ``mean ← optimizer(grad)``.
 
 Differences from ``Open_ES`` that matter:
@@ -39,7 +39,7 @@ from jax import flatten_util
 
 from esjax.es import shaping as shaping_lib
 from esjax.es.noise import NoiseMode, NoiseSpec, Scope, perturbed_params
-from esjax.es.update import weighted_noise_sum
+from esjax.es.step import weighted_noise_sum
 
 PyTree = Any
 ALL_LEAVES = Scope(kind="all")

@@ -1,6 +1,6 @@
 """σ schedules: functions of the version ``t`` (updates applied so far), jittable in ``t``.
 
-They are frozen dataclasses (hashable, readable repr) so an :class:`~esjax.es.update.ESConfig` holding one
+They are frozen dataclasses (hashable, readable repr) so an :class:`~esjax.es.step.ESConfig` holding one
 stays a valid static jit argument. ``t`` beyond ``steps`` holds the final value.
 """
 

@@ -2,16 +2,15 @@
 
 :class:`ESUpdate` is the update function a driver applies to each complete cohort the coordinator hands
 out (:class:`~esjax.loop.types.UpdateFn`; see :func:`esjax.loop.coordinator.apply_cohorts`): it hands the
-cohort's accepted ``(versions, indices, fitness)`` to :func:`esjax.es.update.update` on the *current* ES
+cohort's accepted ``(versions, indices, fitness)`` to :func:`esjax.es.step.update` on the *current* ES
 state (θ_t), so stale members contribute their own regenerated noise with no correction. It also keeps θ of the last few
 versions, because the rollout side (and :class:`QuadraticFitness`) evaluates members at their dispatch
-version. The ES engine is imported lazily so the rest of the loop works without it.
+version.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,18 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from esjax.es import noise as es_noise
+from esjax.es import step as es_step
 from esjax.loop.coordinator import RejectedUpdate
 from esjax.loop.tasks import hash_ints
 from esjax.loop.types import Cohort, Job
 
 PyTree = Any
-
-
-def _es_update_module():
-    try:  # the module, not esjax.es.update the function (the package re-exports it under that name)
-        return importlib.import_module("esjax.es.update")
-    except ImportError as err:  # pragma: no cover - only before the ES engine lands
-        raise ImportError("esjax.loop.engine.ESUpdate needs esjax.es.update (the ES engine)") from err
 
 
 class ESUpdate:
@@ -41,20 +34,19 @@ class ESUpdate:
     non-finite; the driver then calls ``Coordinator.reject``.
 
     Args:
-      config: an ``esjax.es.update.ESConfig``.
+      config: an :class:`esjax.es.step.ESConfig`.
       params: initial θ (ignored when ``state`` is given).
       state: a restored ``ESState`` (resume).
       keep: how many recent versions of θ to keep (K + 1 covers every dispatchable version).
-      update_fn: replaces ``esjax.es.update.update`` (same signature), e.g. the mesh-sharded update of
+      update_fn: replaces :func:`esjax.es.step.update` (same signature), e.g. the mesh-sharded update of
         ``esjax.parallel.ShardedES.update_fn``.
     """
 
     def __init__(self, config: Any, params: PyTree = None, *, state: Any = None, keep: int = 1,
                  update_fn: Any = None) -> None:
-        self._es = _es_update_module()
-        self._update = update_fn if update_fn is not None else self._es.update
+        self._update = update_fn if update_fn is not None else es_step.update
         self.config = config
-        self.state = state if state is not None else self._es.init(config, params)
+        self.state = state if state is not None else es_step.init(config, params)
         self.keep = max(1, keep)
         self._params = {self.version: self.state.params}
 

@@ -1,6 +1,6 @@
 """The ES update and the population forward under one ``('data', 'model')`` mesh.
 
-Why this module exists: the ES engine (:mod:`esjax.es.update`) and the decoder (:mod:`esjax.model`) are
+Why this module exists: the ES engine (:mod:`esjax.es.step`) and the decoder (:mod:`esjax.model`) are
 written sharding-agnostic. Here they are compiled with explicit in/out shardings taken from the model's
 logical axis rules (:mod:`esjax.model.sharding`, the one place where shardings are declared), so that
 
@@ -16,7 +16,6 @@ logical axis rules (:mod:`esjax.model.sharding`, the one place where shardings a
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from esjax.es import step as es_step
 from esjax.es.noise import path_str
 from esjax.model.config import ModelConfig
 from esjax.model.decoder import forward
@@ -32,11 +32,6 @@ from esjax.model.perturb import Perturbation
 from esjax.model.sharding import DATA, MODEL, batch_sharding, make_mesh, param_shardings
 
 PyTree = Any
-
-
-def es_module():
-    """The ``esjax.es.update`` *module* (the package re-exports a function under the same name)."""
-    return importlib.import_module("esjax.es.update")
 
 
 class MeshError(ValueError):
@@ -130,7 +125,7 @@ def state_shardings(es_config: Any, model_config: ModelConfig, mesh: Mesh, dtype
     """``ESState``-shaped tree of ``NamedSharding`` for ``init(es_config, params)`` on ``mesh``."""
     from esjax.model.params import param_shapes
 
-    abstract = jax.eval_shape(lambda p: es_module().init(es_config, p), param_shapes(model_config, dtype))
+    abstract = jax.eval_shape(lambda p: es_step.init(es_config, p), param_shapes(model_config, dtype))
     return like_params_shardings(abstract, model_config, mesh)
 
 
@@ -143,7 +138,7 @@ def state_shardings(es_config: Any, model_config: ModelConfig, mesh: Mesh, dtype
 class ShardedES:
     """The ES update compiled for one mesh with θ (and its update) sharded by the model's rules.
 
-    ``update_fn`` has the signature of :func:`esjax.es.update.update` (``(config, state, versions, indices,
+    ``update_fn`` has the signature of :func:`esjax.es.step.update` (``(config, state, versions, indices,
     fitness) -> (state, metrics)``), so it can be handed to ``esjax.loop.engine.ESUpdate(update_fn=...)``.
     Cohort arrays are tiny and replicated; metrics come back replicated.
 
@@ -163,13 +158,11 @@ class ShardedES:
 
     def __post_init__(self) -> None:
         check_partitionable()
-        es_update = self._es = es_module()
         self.shardings = state_shardings(self.es_config, self.model_config, self.mesh, self.dtype)
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         rep = self.replicated
         self._jit = jax.jit(
-            lambda state, versions, indices, fitness: es_update.update(self.es_config, state, versions, indices,
-                                                                        fitness),
+            lambda state, versions, indices, fitness: es_step.update(self.es_config, state, versions, indices, fitness),
             in_shardings=(self.shardings, rep, rep, rep),
             out_shardings=(self.shardings, rep),
             donate_argnums=(0,) if self.donate else (),
@@ -180,9 +173,9 @@ class ShardedES:
         return jax.device_put(state, self.shardings)
 
     def init(self, params: PyTree, version: int = 0) -> Any:
-        """``esjax.es.update.init`` with θ placed on the mesh first (so θ_0 and moments are sharded too)."""
+        """``esjax.es.step.init`` with θ placed on the mesh first (so θ_0 and moments are sharded too)."""
         params = jax.device_put(params, self.shardings.params)
-        return self.place(self._es.init(self.es_config, params, version))
+        return self.place(es_step.init(self.es_config, params, version))
 
     def _cohort(self, versions, indices, fitness):
         return (np.asarray(versions, np.int32), np.asarray(indices, np.int32), np.asarray(fitness, np.float32))
@@ -192,7 +185,7 @@ class ShardedES:
         return self._jit(state, *self._cohort(versions, indices, fitness))
 
     def update_fn(self, config: Any, state: Any, versions, indices, fitness):
-        """Drop-in for ``esjax.es.update.update`` (``config`` must be this object's ``es_config``)."""
+        """Drop-in for :func:`esjax.es.step.update` (``config`` must be this object's ``es_config``)."""
         if config != self.es_config:
             raise ValueError("ShardedES.update_fn called with a different ESConfig than it was compiled for")
         return self.update(state, versions, indices, fitness)
@@ -201,7 +194,7 @@ class ShardedES:
         """The update lowered for a cohort of ``n`` (abstract inputs: nothing is allocated)."""
         from esjax.model.params import param_shapes
 
-        abstract = jax.eval_shape(lambda p: self._es.init(self.es_config, p),
+        abstract = jax.eval_shape(lambda p: es_step.init(self.es_config, p),
                                   param_shapes(self.model_config, self.dtype))
         abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
                                 self.shardings)

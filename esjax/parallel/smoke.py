@@ -79,9 +79,9 @@ def smoke_es_config(mode: str = "lowrank", seed: int = 0) -> Any:
     """The ES settings of the smoke run (z-scores: continuous in fitness, so last-bit differences between
     meshes cannot flip a rank and change the update)."""
     from esjax.es.noise import NoiseSpec, Scope
-    from esjax.parallel.sharded import es_module
+    from esjax.es.step import ESConfig
 
-    return es_module().ESConfig(
+    return ESConfig(
         noise=NoiseSpec(seed=seed + 1, mode=mode, rank=2, antithetic=True, scope=Scope("all", include=SMOKE_SCOPE)),
         sigma=0.05, learning_rate=0.02, scale="llm", shaping="z_score")
 

@@ -36,8 +36,8 @@ from esjax.model.sharding import CACHE_AXES, DATA, MODEL, logical_to_spec
 
 GiB = 1 << 30
 Optimizer = Literal["sgd", "momentum", "adam"]
-FULL_CHUNK = 4  # esjax.es.update.DEFAULT_CHUNK["full"]
-LOWRANK_CHUNK = 256  # esjax.es.update.DEFAULT_CHUNK["lowrank"]
+FULL_CHUNK = 4  # dense draws alive at once in full mode (esjax.es.step generates 1 per chunk by default; 4: headroom)
+LOWRANK_CHUNK = 256  # esjax.es.step.MAX_LOWRANK_CHUNK
 
 
 def parse_bytes(text: str | int | float) -> int:
@@ -309,11 +309,12 @@ def measure_update(config: ModelConfig, *, data: int = 1, model: int = 1, popula
     """Compile the real mesh-sharded ES update on abstract inputs (nothing allocated) and return XLA's
     per-device memory analysis. Needs ``data × model`` devices (simulated CPU devices work)."""
     from esjax.es.noise import NoiseSpec, Scope
+    from esjax.es.step import ESConfig
     from esjax.model.sharding import make_mesh
-    from esjax.parallel.sharded import ShardedES, es_module, update_memory
+    from esjax.parallel.sharded import ShardedES, update_memory
 
-    es_config = es_module().ESConfig(noise=NoiseSpec(seed=0, mode=mode, rank=rank, scope=Scope("matrices")),
-                                     sigma=1e-3, learning_rate=1e-3, scale="llm", optimizer=_optimizer(optimizer))
+    es_config = ESConfig(noise=NoiseSpec(seed=0, mode=mode, rank=rank, scope=Scope("matrices")),
+                         sigma=1e-3, learning_rate=1e-3, scale="llm", optimizer=_optimizer(optimizer))
     devices = list(devices if devices is not None else jax.devices())[: data * model]
     sharded = ShardedES(es_config, config, make_mesh(data, model, devices), dtype=dtype)
     return update_memory(sharded, population)
