@@ -60,7 +60,11 @@ class RunSection(_Section):
     keep_checkpoints: int = Field(3, ge=1, le=100_000)
     run_dir: str | None = Field(None, description="default: runs/<name>-<timestamp>")
     deterministic: bool = Field(True, description="fixed tick order: bit-identical reruns")
-    tensorboard: bool = False
+    tensorboard: bool = Field(False, description="mirror every record's numbers to TensorBoard (<run_dir>/tensorboard; "
+                                                "needs pip install 'esjax[tb]')")
+    wandb: bool = Field(False, description="mirror every record's numbers to a Weights & Biases run (needs pip install "
+                                           "'esjax[wandb]'; WANDB_MODE=offline keeps it local)")
+    wandb_project: str = Field("esjax", min_length=1, description="the W&B project of run.wandb")
     progress: bool = True
     traces: Literal["eval", "none"] = Field(
         "eval", description="eval: write every evaluation's episodes (goal, instruction, actions with 200-character "
@@ -72,6 +76,11 @@ class RunSection(_Section):
         10, ge=0, le=10_000_000,
         description="an update that would make θ non-finite is rejected (θ kept, cohort dropped, event logged); "
                     "the run stops once this many were rejected (0: at the first)")
+    max_constant_fitness_updates: int | None = Field(
+        None, ge=1, le=10_000_000,
+        description="end the run early (with an evaluation and a checkpoint) once this many updates in a row had a "
+                    "cohort whose fitnesses were all equal: a zero ES gradient, nothing left to learn from "
+                    "(null: never; each such update is warned about and counted either way)")
 
 
 class ModelSection(_Section):
@@ -175,6 +184,12 @@ class EnvSection(_Section):
                                                "or a folder with WebShop data files")
     num_products: int = Field(300, ge=10, le=10_000_000, description="synthetic catalog size")
     catalog_seed: int = Field(0, ge=0, le=MAX_SEED)
+    goals: Literal["synthetic", "human"] = Field(
+        "synthetic", description="WebShop's goal set: synthetic (instructions generated from the attribute file, "
+                                 "the default) or human (items_human_ins.json: the instructions WebShop's published "
+                                 "test scores use; real data only)")
+    human_file: str | None = Field(None, description="items_human_ins.json for env.goals=human (default: the one in "
+                                                     "the env.data folder)")
     tasks_per_member: int = Field(4, ge=1, le=100_000, description="goals in each version's task batch")
     max_steps: int = Field(10, ge=1, le=100_000, description="episode step cap")
     eval_goals: int = Field(200, ge=1, le=1_000_000, description="held-out goals per evaluation")
@@ -193,6 +208,11 @@ class EnvSection(_Section):
             problem = _path_problem(self.data, "any") or "is not a directory"
             raise ValueError(f"env.data: {self.data[:200]!r} {problem} "
                              f"(expected 'synthetic', {', '.join(map(repr, PACKAGED_DATA))} or a data folder)")
+        if self.goals == "human" and self.data == "synthetic":
+            raise ValueError("env.goals: 'human' needs real WebShop data (env.data: a folder with "
+                             "items_human_ins.json); the synthetic shop has synthetic goals only")
+        if self.human_file is not None and (problem := _path_problem(self.human_file, "file")) is not None:
+            raise ValueError(f"env.human_file: {self.human_file[:200]!r} {problem}")
         return self
 
 

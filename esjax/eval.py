@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data", help="'synthetic' or a WebShop data folder (default: the run's / config's)")
     parser.add_argument("--split", default=None, choices=["test", "eval", "train"], help="goal split")
     parser.add_argument("--goals", type=int, default=None, help="number of goals (default: the config's)")
+    parser.add_argument("--goal-set", default=None, choices=["synthetic", "human"],
+                        help="WebShop's goal set (env.goals): human = items_human_ins.json, what published WebShop "
+                             "scores use (default: the run's / config's)")
     parser.add_argument("--ignore-run-settings", action="store_true",
                         help="--model: do not read the export's esjax.json (use --config or the defaults)")
     parser.add_argument("--json", action="store_true",
@@ -98,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides = []
     user_set: dict[str, str] = {}  # key -> the flag that set it
     for flag, key, value in (("--data", "env.data", args.data), ("--split", "env.eval_split", args.split),
-                             ("--goals", "env.eval_goals", args.goals)):
+                             ("--goals", "env.eval_goals", args.goals),
+                             ("--goal-set", "env.goals", args.goal_set)):
         if value:
             overrides.append(f"{key}={value}")
             user_set[key] = flag
@@ -129,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     goals = list(shop.split(config.env.eval_split))[: config.env.eval_goals]
     if not goals:
         raise UserError(f"env.eval_split: no {config.env.eval_split!r} goals in this shop")
-    print(f"evaluating {what} on {len(goals)} {config.env.eval_split} goals of {shop.name}, max "
+    print(f"evaluating {what} on {len(goals)} {config.env.eval_split} {config.env.goals} goals of {shop.name}, max "
           f"{config.env.max_steps} steps, prompt style {resolve_prompt_style(config, policy)}", file=sys.stderr)
     from esjax.evaluate import evaluate_policy
 
@@ -148,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
     else:
         print(f"{what}: score {result['score']:.1f}, success rate {100 * result['success_rate']:.1f}% "
-              f"on {result['goals']} {config.env.eval_split} goals ({shop.name})")
+              f"on {result['goals']} {config.env.eval_split} {config.env.goals} goals ({shop.name})")
     return 0
 
 

@@ -18,8 +18,8 @@ from esjax.cli_util import run_cli
 SETTINGS_FILE = "esjax.json"
 SETTINGS_FORMAT = 1
 #: the settings ``esjax.eval`` uses, in the order it prints them
-EVAL_KEYS = ("env.data", "env.num_products", "env.catalog_seed", "env.eval_split", "env.eval_goals",
-             "env.max_steps", "agent.prompt_style", "agent.score_norm", "agent.max_prompt_tokens",
+EVAL_KEYS = ("env.data", "env.num_products", "env.catalog_seed", "env.goals", "env.human_file", "env.eval_split",
+             "env.eval_goals", "env.max_steps", "agent.prompt_style", "agent.score_norm", "agent.max_prompt_tokens",
              "agent.max_candidate_tokens", "model.dtype")
 
 

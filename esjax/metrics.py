@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -30,22 +31,20 @@ def _jsonable(value: Any) -> Any:
 
 
 class MetricsWriter:
-    """Appends records to ``<run_dir>/metrics.jsonl`` (and TensorBoard scalars when enabled)."""
+    """Appends records to ``<run_dir>/metrics.jsonl``, and mirrors their numbers to TensorBoard and/or Weights &
+    Biases when enabled. The JSONL file is the record of the run; the mirrors are views of it."""
 
-    def __init__(self, run_dir: str | Path, tensorboard: bool = False):
+    def __init__(self, run_dir: str | Path, tensorboard: bool = False, wandb: dict[str, Any] | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         #: complete records in the file: those already there plus those written since
         self.count = sum(1 for _ in _iter_records(self.path))
         self._file = self.path.open("a", encoding="utf-8")
-        self._tb = None
+        self._mirrors: list[Any] = []
         if tensorboard:
-            try:
-                from tensorboardX import SummaryWriter  # optional extra: pip install 'esjax[tb]'
-            except ImportError as err:
-                raise RuntimeError("run.tensorboard: needs the optional tensorboardX package "
-                                   "(pip install 'esjax[tb]')") from err
-            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+            self._mirrors.append(_TensorBoard(Path(run_dir)))
+        if wandb is not None:
+            self._mirrors.append(_WandB(Path(run_dir), **wandb))
 
     def write(self, record: dict[str, Any]) -> None:
         record = _jsonable(record)
@@ -53,17 +52,69 @@ class MetricsWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
         self.count += 1
-        if self._tb is not None:
-            step = int(record.get("version", 0))
-            prefix = record.get("kind", "train")
-            for key, value in record.items():
-                if isinstance(value, int | float) and not isinstance(value, bool):
-                    self._tb.add_scalar(f"{prefix}/{key}", value, step)
+        if self._mirrors:
+            version = int(record.get("version", 0))
+            scalars = {f"{record.get('kind', 'train')}/{key}": value for key, value in record.items()
+                       if isinstance(value, int | float) and not isinstance(value, bool)}
+            for mirror in self._mirrors:
+                mirror.write(version, scalars)
 
     def close(self) -> None:
         self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        for mirror in self._mirrors:
+            mirror.close()
+
+
+def _missing_extra(key: str, package: str, extra: str) -> ImportError:
+    return ImportError(f"{key}: needs the optional {package} package, which is not installed: "
+                       f"pip install 'esjax[{extra}]' (or --set {key}=false)")
+
+
+class _TensorBoard:
+    """Scalars under ``<run_dir>/tensorboard``, one step per version."""
+
+    def __init__(self, run_dir: Path):
+        try:
+            from tensorboardX import SummaryWriter  # optional extra: pip install 'esjax[tb]'
+        except ImportError:
+            raise _missing_extra("run.tensorboard", "tensorboardX", "tb") from None
+        self._writer = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def write(self, version: int, scalars: dict[str, float]) -> None:
+        for key, value in scalars.items():
+            self._writer.add_scalar(key, value, version)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class _WandB:
+    """A Weights & Biases run for this run directory (files under ``<run_dir>/wandb``).
+
+    Its id is kept in ``<run_dir>/wandb_id``, so a resumed run continues the same W&B run. Every metric is plotted
+    against ``version`` (an evaluation's record arrives after later updates' records, so W&B's own step, which
+    must only grow, cannot be the version). ``WANDB_MODE=offline`` keeps everything local (``wandb sync`` later);
+    ``WANDB_MODE=disabled`` turns it off.
+    """
+
+    def __init__(self, run_dir: Path, project: str, name: str, config: dict[str, Any]):
+        try:
+            import wandb  # optional extra: pip install 'esjax[wandb]'
+        except ImportError:
+            raise _missing_extra("run.wandb", "wandb", "wandb") from None
+        id_file = run_dir / "wandb_id"
+        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
+        id_file.write_text(run_id)
+        self._run = wandb.init(project=project, name=name, id=run_id, resume="allow", dir=str(run_dir),
+                               config=config)
+        self._run.define_metric("version")
+        self._run.define_metric("*", step_metric="version")
+
+    def write(self, version: int, scalars: dict[str, float]) -> None:
+        self._run.log({"version": version, **scalars})
+
+    def close(self) -> None:
+        self._run.finish()
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

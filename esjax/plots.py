@@ -9,6 +9,7 @@ from per-goal rewards, their 95% intervals ``score_ci_low`` / ``score_ci_high`` 
 on a second axis), the training population's fitness per update (mean, min-max band, ±1 SD band) and both
 against wall-clock time. ``plots/staleness.png``: the integer lag histogram and, per update, the stale share of
 the cohort, results discarded and slot utilization (a constant utilization is stated, not drawn).
+``plots/throughput.png``: episodes and scored tokens per second against wall-clock time, and seconds per update.
 """
 
 from __future__ import annotations
@@ -147,7 +148,20 @@ def write_plots(records: list[dict[str, Any]], out_dir: str | Path, title: str |
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
+    for name, draw in (("score.png", _score_figure), ("staleness.png", _staleness_figure),
+                       ("throughput.png", _throughput_figure)):
+        fig = draw(records)
+        if title:
+            fig.suptitle(title, fontsize=10)
+        fig.tight_layout()
+        paths.append(out_dir / name)
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
 
+
+def _score_figure(records: list[dict[str, Any]]):
+    """Held-out evaluation and training fitness, against updates and against wall-clock time."""
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     _eval_axes(axes[0], eval_points(records), "ES updates (version)", legend=True)
     axes[0].set_title("held-out evaluation (greedy, unperturbed θ)", fontsize=9)
@@ -165,13 +179,11 @@ def write_plots(records: list[dict[str, Any]], out_dir: str | Path, title: str |
     _legend_below(axes[2])
     for ax in axes[:2]:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    paths.append(out_dir / "score.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    return fig
 
+
+def _staleness_figure(records: list[dict[str, Any]]):
+    """The lag histogram, and per update the stale share, discards and slot utilization."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
     counts = lag_counts(records)
     lags = list(range(max(counts) + 1)) if counts else [0]
@@ -217,13 +229,42 @@ def write_plots(records: list[dict[str, Any]], out_dir: str | Path, title: str |
     if not ax.get_legend():
         _legend_below(ax)
     ax.set_title("per update" + (f" ({'; '.join(notes)})" if notes else ""), fontsize=9)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    paths.append(out_dir / "staleness.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-    return paths
+    return fig
+
+
+def _throughput_figure(records: list[dict[str, Any]]):
+    """Throughput over the run: episodes and scored tokens per second between updates against wall-clock time,
+    and seconds per update (a slowdown, a compile or an evaluation shows up here)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
+    ax = axes[0]
+    xs, episodes = _series(records, "update", "episodes_per_s", "wall_time")
+    ax.plot(xs, episodes, "o-", markersize=3, color="tab:purple", label="training episodes / s")
+    ax.set_xlabel("wall-clock (s)")
+    ax.set_ylabel("episodes / s", color="tab:purple")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    right = ax.twinx()
+    xs, tokens = _series(records, "update", "tokens_per_s", "wall_time")
+    right.plot(xs, tokens, "-", color="tab:gray", alpha=0.8, label="scored tokens / s, right axis")
+    right.set_ylabel("tokens / s", color="tab:gray")
+    right.set_ylim(bottom=0)
+    handles, labels = ax.get_legend_handles_labels()
+    more, more_labels = right.get_legend_handles_labels()
+    _legend_below(ax, handles + more, labels + more_labels)
+    ax.set_title("throughput between updates", fontsize=9)
+    versions, seconds = _series(records, "update", "seconds")
+    axes[1].bar(versions, seconds, width=0.6, color="tab:purple", alpha=0.6)
+    evaluated = {p["x"] for p in eval_points(records)}
+    marked = [(v, t) for v, t in zip(versions, seconds) if v - 1 in evaluated]
+    if marked:  # the updates whose interval ran an evaluation beside training
+        axes[1].plot(*zip(*marked), "v", color=EVAL_COLOR, markersize=5, label="an evaluation ran in this interval")
+        _legend_below(axes[1])
+    axes[1].set_xlabel("ES updates (version)")
+    axes[1].set_ylabel("seconds")
+    axes[1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[1].grid(alpha=0.3, axis="y")
+    axes[1].set_title("wall-clock seconds per update", fontsize=9)
+    return fig
 
 
 def _run_lines(run_info: dict[str, Any]) -> list[str]:
@@ -262,6 +303,8 @@ def _warning_lines(records: list[dict[str, Any]]) -> list[str]:
         lines.append(f"- {events['nonfinite_update']} update(s) rejected: they would have made θ non-finite")
     if events.get("env_fault"):
         lines.append(f"- {events['env_fault']} env fault(s) (episodes re-run, scored 0 or jobs dropped)")
+    for stop in (r for r in records if r.get("kind") == "event" and r.get("event") == "stopped"):
+        lines.append(f"- stopped early at version {stop['version']}: {stop['reason']}")
     return ["## Warnings", "", *lines, ""] if lines else []
 
 

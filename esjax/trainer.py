@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import json
 import platform
 import shlex
@@ -89,8 +90,9 @@ def build_shop(config: Config):
     try:
         if env.data == "synthetic":
             return synthetic_shop(env.num_products, seed=env.catalog_seed)
+        human_file = Path(env.human_file).expanduser() if env.human_file else None
         return load_webshop(env.data if env.data in PACKAGED_DATA else Path(env.data).expanduser(),
-                            seed=env.catalog_seed)
+                            seed=env.catalog_seed, goals=env.goals, human_file=human_file)
     except DataError as err:
         raise ConfigError(f"env.data: {err}") from None
 
@@ -348,6 +350,8 @@ class Trainer:
         self.wall_offset = 0.0
         self.nonfinite_rejections = 0
         self.constant_fitness_updates = 0  # updates whose cohort fitness was all equal (zero ES gradient)
+        self.constant_fitness_streak = 0  # ... of the latest updates in a row (run.max_constant_fitness_updates)
+        self.stopped_at: int | None = None  # the version the run stopped at before run.updates, if it did
         self.last_update_wall = 0.0
         self.finished = False  # the run ended: everything left was cancelled and the end record written
         self.restored_records: int | None = None  # metrics records a restored checkpoint had seen written
@@ -384,6 +388,11 @@ class Trainer:
         return self.coord.version
 
     # ----------------------------------------------------------------------------------------- checkpoint
+    @property
+    def last_version(self) -> int:
+        """The version the run ends at: run.updates, or where it stopped early."""
+        return self.config.run.updates if self.stopped_at is None else self.stopped_at
+
     def _needed_versions(self) -> list[int]:
         versions = {e.version for e in self.engine.live.values()}
         versions |= {v for v in self.coord.live_versions() if v <= self.version}
@@ -409,6 +418,7 @@ class Trainer:
             "since_update": {"ticks": self.ticks_since_update, "rows": self.rows_since_update,
                              "tokens": self.tokens_since_update, "episodes": self.episodes_since_update},
             "wall_time": self.wall_time(), "nonfinite_rejections": self.nonfinite_rejections,
+            "constant_fitness_streak": self.constant_fitness_streak, "stopped_at": self.stopped_at,
             "metrics_records": self.writer.count if self.writer is not None else None,
             "finished": self.finished,
         }
@@ -438,6 +448,8 @@ class Trainer:
         self.episodes_since_update = int(since.get("episodes", 0))
         self.wall_offset = float(loop["wall_time"])
         self.nonfinite_rejections = int(loop.get("nonfinite_rejections", 0))
+        self.constant_fitness_streak = int(loop.get("constant_fitness_streak", 0))
+        self.stopped_at = None if loop.get("stopped_at") is None else int(loop["stopped_at"])
         records = loop.get("metrics_records")
         self.restored_records = None if records is None else int(records)
         self.finished = bool(loop.get("finished", False))
@@ -486,7 +498,7 @@ class Trainer:
                 self.engine.start("eval", ev.eval_id, ev.version, 0, ev.goals[p], p,
                                   hash_ints(self.config.run.seed, 7919, ev.version), True)
                 ev.next_position += 1
-        if self.version < self.config.run.updates:
+        if self.version < self.last_version:
             free_slots = self.config.schedule.slots - len(self.jobs)
             for job in self.coord.next_jobs(free_slots):
                 self.jobs[job.job_id] = JobProgress(job, self.tick_count)
@@ -505,7 +517,7 @@ class Trainer:
     def _abandon_hopeless(self) -> None:
         """Jobs older than t − K can never be accepted: stop them now instead of finishing wasted work
         (discarded as 'abandoned'). Once the last update is applied, every job is cancelled."""
-        done = self.version >= self.config.run.updates
+        done = self.version >= self.last_version
         floor = self.version - self.K
         stop = sorted(jid for jid, jp in self.jobs.items() if done or jp.job.member.version < floor)
         if not stop:
@@ -527,7 +539,7 @@ class Trainer:
         """Complete cohorts come back from the coordinator, one at a time: apply the ES update to θ_t, advance
         the version, and give that version its own record, evaluation and checkpoint (a cascade of several
         updates is several such steps). Called once every finished job of the tick has been reported."""
-        while self.version < self.config.run.updates:
+        while self.version < self.last_version:
             cohort = self.coord.complete_cohort()
             if cohort is None:
                 return
@@ -567,10 +579,10 @@ class Trainer:
         # Jobs dispatched before t - K can no longer be accepted (and θ of their version is no longer kept):
         # stop them at every version, checkpointed or not, so checkpoints never change the run.
         self._abandon_hopeless()
-        updates = self.config.run.updates
-        if version % self.config.run.eval_every == 0 or version == updates:
+        last = self.last_version
+        if version % self.config.run.eval_every == 0 or version == last:
             self._start_eval(version)
-        if version % self.config.run.checkpoint_every == 0 or version == updates:
+        if version % self.config.run.checkpoint_every == 0 or version == last:
             self._save()
 
     def _check_constant_fitness(self, fitness: Any, version: int) -> None:
@@ -580,8 +592,10 @@ class Trainer:
         values = np.asarray(fitness, np.float64)
         values = values[np.isfinite(values)]
         if len(values) >= 2 and values.max() > values.min():
+            self.constant_fitness_streak = 0
             return
         self.constant_fitness_updates += 1
+        self.constant_fitness_streak += 1
         value = float(values[0]) if len(values) else float("nan")
         self._write({"kind": "event", "event": "constant_fitness", "version": version, "at_version": version - 1,
                      "tick": self.tick_count, "wall_time": self.wall_time(), "fitness": value,
@@ -591,6 +605,15 @@ class Trainer:
                   "gradient is zero: no learning signal from it (every episode scoring the same: too few or too easy / "
                   "hard tasks per member, σ too small to change any action, or env.max_steps too short); "
                   "further such updates are counted in summary.md", file=sys.stderr, flush=True)
+        limit = self.config.run.max_constant_fitness_updates
+        if limit is not None and self.constant_fitness_streak >= limit:
+            self.stopped_at = version
+            reason = (f"{self.constant_fitness_streak} updates in a row had a constant cohort fitness "
+                      f"(run.max_constant_fitness_updates={limit})")
+            self._write({"kind": "event", "event": "stopped", "version": version, "tick": self.tick_count,
+                         "wall_time": self.wall_time(), "reason": reason})
+            print(f"stopping at version {version}: {reason}; the run ends with an evaluation and a checkpoint here",
+                  file=sys.stderr, flush=True)
 
     def _save(self) -> None:
         """A checkpoint at the current version (only called at consistent points, see the module docstring)."""
@@ -637,19 +660,19 @@ class Trainer:
         self.writer, self.checkpointer, self._progress = writer, checkpointer, progress
         self._wall_start = time.perf_counter()
         self.last_update_wall = self.wall_time()
-        updates = self.config.run.updates
-        if self.finished and self.version < updates:  # resumed with a larger run.updates: go on
-            self.finished = False
+        if self.finished and self.version < self.config.run.updates:  # resumed with a larger run.updates, or
+            self.finished = False  # after an early stop: go on
+            self.stopped_at, self.constant_fitness_streak = None, 0
         if self.finished:
             return
         if self.version == 0 and not self.evaluated_versions:
             self._start_eval(0)
         self._apply_updates()  # a checkpoint taken inside a cascade holds the next complete cohort
-        while self.version < updates or self.evals or self.jobs:
+        while self.version < self.last_version or self.evals or self.jobs:
             self._abandon_hopeless()
             self._fill()
             if not self.engine.live:
-                if self.version >= updates and not self.evals:
+                if self.version >= self.last_version and not self.evals:
                     break
                 raise RuntimeError(f"the loop stalled at version {self.version}: no episode is live "
                                    f"(schedule {self.config.schedule.kind!r}, {len(self.jobs)} jobs)")
@@ -658,6 +681,7 @@ class Trainer:
             if self.traces and self.evals:
                 self._observe_evals(finished)
             self.tick_count += 1
+            self._progress.phase(self._phase())
             self.ticks_since_update += 1
             self.rows_since_update += stats.rows
             self.tokens_since_update += stats.tokens
@@ -669,6 +693,15 @@ class Trainer:
                     self._report(jid)
             self._apply_updates()
         self._finish_run()
+
+    def _phase(self) -> str:
+        """What the loop is waiting for, for the live progress line."""
+        parts = []
+        if self.version < self.last_version:
+            parts.append(f"update {self.version + 1}: {self.coord.cohort_size()}/{self.coord.population} "
+                         "members in")
+        parts += [f"eval v{ev.version} {len(ev.rewards)}/{len(ev.goals)} goals" for ev in self.evals.values()]
+        return " · ".join(parts) or "finishing"
 
     def _episode_failed(self, episode: Episode) -> None:
         """The env raised or hung in this episode: re-run it (same member, goal and sampling stream) up to
@@ -847,12 +880,13 @@ def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
 
 def check_extras(config: Config) -> None:
     """Optional packages the config needs, checked before anything is built: one line naming the extra."""
-    if config.run.tensorboard:
-        try:
-            import tensorboardX  # noqa: F401
-        except ImportError:
-            raise ConfigError("run.tensorboard: true needs the optional tensorboardX package, which is not "
-                              "installed: pip install 'esjax[tb]' (or --set run.tensorboard=false)") from None
+    for key, module, extra in (("tensorboard", "tensorboardX", "tb"), ("wandb", "wandb", "wandb")):
+        if getattr(config.run, key):
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                raise ConfigError(f"run.{key}: true needs the optional {module} package, which is not installed: "
+                                  f"pip install 'esjax[{extra}]' (or --set run.{key}=false)") from None
 
 
 def resume_command(run_dir: Path, overrides: list[str] | None = None) -> str:
@@ -893,6 +927,9 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
     run_dir = Path(run_dir or config.run.run_dir or default_run_dir(config))
     check_extras(config)
     created = _prepare_run_dir(run_dir, resume)
+    if config.run.progress:
+        print(f"{'resuming' if resume else 'writing'} the run in {run_dir}: loading the shop and the policy",
+              flush=True)
     checkpointer = writer = None
     try:
         enable_compilation_cache(config.run.compilation_cache)
@@ -912,7 +949,10 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
             if resume:
                 metrics_path.unlink(missing_ok=True)
             trainer.fresh()
-        writer = MetricsWriter(run_dir, config.run.tensorboard)
+        wandb = None
+        if config.run.wandb:
+            wandb = {"project": config.run.wandb_project, "name": run_dir.name, "config": config.model_dump()}
+        writer = MetricsWriter(run_dir, config.run.tensorboard, wandb)
         if resume:
             _record_resume(run_dir, overrides)
     except BaseException as err:
@@ -963,4 +1003,6 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
         raise _interrupted(run_dir, trainer.version, steps, config.run.checkpoint_every, removed,
                            overrides if resume else None) from None
     progress.final(summary, records)
+    if config.run.progress:
+        print(f"run directory: {run_dir} (summary.md, plots/, metrics.jsonl, checkpoints/)", flush=True)
     return TrainResult(run_dir, trainer.version, trainer.es_update.state.params, records, trainer.coord.totals())

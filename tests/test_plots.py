@@ -18,7 +18,8 @@ def _records(utilization=None, discarded=True, intervals=True):
                             "lag_hist": {"0": 6, "1": 2} if v % 2 else {"0": 8},
                             "cohort_stale_fraction": 0.25 * (v % 2),
                             "slot_utilization": utilization if utilization is not None else 0.8 + 0.02 * v,
-                            "discarded": v // 2 if discarded else 0})
+                            "discarded": v // 2 if discarded else 0, "episodes_per_s": 2.0 + v,
+                            "tokens_per_s": 900.0 + 10 * v, "seconds": 10.0})
         if v % 3 == 0:
             rewards = [1.0, 0.5, 0.0, 0.75 + 0.01 * v]
             record = {"kind": "eval", "version": v, "wall_time": 10.0 * v + 1, "score": 25.0 * sum(rewards),
@@ -61,8 +62,9 @@ def test_eval_points_and_bands():
 
 def test_figures_show_bands_success_rate_integer_lags(figures, tmp_path):
     paths = plots.write_plots(_records(), tmp_path, title="default: async ES (K=1), seed 0, commit 0123abcd")
-    assert [p.name for p in paths] == ["score.png", "staleness.png"] and all(p.stat().st_size > 0 for p in paths)
-    score, staleness = figures
+    assert [p.name for p in paths] == ["score.png", "staleness.png", "throughput.png"]
+    assert all(p.stat().st_size > 0 for p in paths)
+    score, staleness, throughput = figures
     assert score._suptitle.get_text().endswith("seed 0, commit 0123abcd")
     evaluation, population, wall, success = score.axes  # the success rate's axis is the evaluation panel's twin
     assert evaluation.lines[0].get_xdata().tolist() == [0, 3, 6]  # every evaluation point
@@ -76,11 +78,17 @@ def test_figures_show_bands_success_rate_integer_lags(figures, tmp_path):
     assert "slot utilization (busy slots / slots)" in _labels(per_update)
     assert "stale share of the cohort" in _labels(per_update)
     assert sum(bar.get_height() for bar in discards.patches) == 3  # discarded per update, from the running total
+    rates, per_version, tokens = throughput.axes
+    assert rates.lines[0].get_xdata().tolist() == [10.0 * v for v in range(1, 7)]  # against wall-clock time
+    assert rates.lines[0].get_ydata().tolist() == [2.0 + v for v in range(1, 7)]
+    assert tokens.lines[0].get_label() == "scored tokens / s, right axis"
+    assert [bar.get_height() for bar in per_version.patches] == [10.0] * 6
+    assert per_version.lines[0].get_xdata().tolist() == [1, 4]  # the intervals after the evaluations at 0 and 3
 
 
 def test_constant_utilization_is_stated_not_drawn(figures, tmp_path):
     plots.write_plots(_records(utilization=1.0, discarded=False), tmp_path)
-    _, staleness = figures
+    _, staleness, _ = figures
     lags, per_update = staleness.axes  # no discards: no second axis
     assert "slot utilization (busy slots / slots)" not in _labels(per_update)
     assert "slot utilization 1.00 at every update" in per_update.get_title()

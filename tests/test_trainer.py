@@ -43,7 +43,8 @@ def reference_run(tmp_path_factory):
 
 def test_run_directory_holds_everything(reference_run):
     run_dir = reference_run.run_dir
-    for name in ("config.yaml", "run.json", "metrics.jsonl", "summary.md", "plots/score.png", "plots/staleness.png"):
+    for name in ("config.yaml", "run.json", "metrics.jsonl", "summary.md", "plots/score.png", "plots/staleness.png",
+                 "plots/throughput.png"):
         assert (run_dir / name).is_file(), name
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["seed"] == 0 and meta["jax"] == jax.__version__

@@ -117,3 +117,41 @@ def test_git_commit_is_unknown_outside_a_checkout(tmp_path, monkeypatch):
     package.mkdir(parents=True)
     monkeypatch.setattr(esjax, "__file__", str(package / "__init__.py"))
     assert git_commit() == {"commit": "unknown", "dirty": None}
+
+
+def test_constant_fitness_can_stop_the_run_with_a_final_eval_and_checkpoint(tmp_path, capsys):
+    overrides = [*SMALL, "env.max_steps=1", "run.updates=6", "run.checkpoint_every=5",
+                 "run.max_constant_fitness_updates=2"]
+    result = train(load_config(None, overrides), run_dir=tmp_path / "stop", overrides=overrides)
+    assert result.version == 2  # every cohort is flat: the second update in a row ends the run
+    kinds = [(r["kind"], r.get("event"), r["version"]) for r in result.records]
+    assert ("event", "stopped", 2) in kinds and kinds[-1] == ("end", None, 2)
+    assert [r["version"] for r in result.records if r["kind"] == "eval"] == [0, 2]  # the final evaluation
+    assert not any(r["kind"] == "update" and r["version"] > 2 for r in result.records)
+    assert (result.run_dir / "checkpoints" / "2").is_dir()
+    assert "stopping at version 2: 2 updates in a row had a constant cohort fitness" in capsys.readouterr().err
+    assert "- stopped early at version 2: 2 updates in a row" in (result.run_dir / "summary.md").read_text()
+
+
+def test_human_goal_set_is_selectable_on_real_data(tmp_path):
+    """env.goals=human builds WebShop's human-instruction goals (here from a small items_human_ins.json written for
+    real products of the packaged set); synthetic data refuses it, naming the key."""
+    from envs.webshop_bridge import load_webshop
+    from esjax.config import ConfigError
+    from esjax.trainer import build_shop
+
+    asins = [p.asin for p in load_webshop("webshop_small").catalog.products[:3]]
+    human = {asin: [{"instruction": f"i need item number {i}.", "instruction_attributes": ["quality"],
+                     "instruction_options": []}] for i, asin in enumerate(asins)}
+    path = tmp_path / "items_human_ins.json"
+    path.write_text(json.dumps(human))
+    shop = build_shop(load_config(None, ["env.data=webshop_small", "env.goals=human", f"env.human_file={path}"]))
+    assert len(shop.goals) == 3 and {g.kind for g in shop.goals} == {"human"}
+    assert {g.asin for g in shop.goals} == set(asins)
+    assert shop.goals[0].instruction_text.startswith("i need item number")
+    with pytest.raises(ConfigError, match="env.goals: 'human' needs real WebShop data"):
+        load_config(None, ["env.goals=human"])
+    with pytest.raises(ConfigError, match="env.human_file"):
+        load_config(None, ["env.data=webshop_small", "env.goals=human", f"env.human_file={tmp_path / 'none.json'}"])
+    with pytest.raises(ConfigError, match="items_human_ins.json"):  # the packaged set has no human file
+        build_shop(load_config(None, ["env.data=webshop_small", "env.goals=human"]))

@@ -1,0 +1,37 @@
+"""The optional mirrors of metrics.jsonl: a Weights & Biases run (offline here: no network) that a resume continues,
+and TensorBoard's missing extra named in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from esjax.config import load_config
+from esjax.trainer import train
+
+pytest.importorskip("wandb", reason="the optional W&B extra (installed by the test extra)")
+
+SMALL = ["model.source=random", "env.num_products=30", "es.population=4", "schedule.slots=4",
+         "env.tasks_per_member=1", "env.eval_goals=2", "env.max_steps=2", "run.progress=false", "run.wandb=true",
+         "run.wandb_project=esjax-tests", "run.eval_every=1"]
+
+
+def _logged(run_dir) -> bytes:
+    files = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert files, "no offline W&B run was written"
+    return b"".join(f.read_bytes() for f in files)
+
+
+def test_wandb_mirror_logs_updates_and_evals_and_a_resume_continues_the_same_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = tmp_path / "run"
+    train(load_config(None, [*SMALL, "run.updates=1"]), run_dir=run_dir)
+    run_id = (run_dir / "wandb_id").read_text().strip()
+    logged = _logged(run_dir)
+    for key in (b"update/fitness_mean", b"eval/score", b"eval/success_rate", b"esjax-tests", run_id.encode()):
+        assert key in logged, key
+    # a resume that extends the run logs to the same W&B run id
+    extended = train(load_config(None, [*SMALL, "run.updates=2"]), run_dir=run_dir, resume=True)
+    assert extended.version == 2 and (run_dir / "wandb_id").read_text().strip() == run_id
+    runs = {p.name.rsplit("-", 1)[-1] for p in (run_dir / "wandb").glob("offline-run-*")}
+    assert runs == {run_id}
