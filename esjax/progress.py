@@ -83,8 +83,8 @@ class Progress:
             self._last_line = time.perf_counter()
             elapsed = time.perf_counter() - self.start
             eta = elapsed / max(version, 1) * (self.total - version)
-            print(f"update {version}/{self.total} · fitness {record.get('fitness_mean', 0):.3f} · "
-                  f"{self._info(totals)} · {elapsed:.0f}s elapsed, ETA {eta:.0f}s", flush=True)
+            print(f"update {version}/{self.total} · {self._stats} · {elapsed:.0f}s elapsed, ETA {eta:.0f}s",
+                  flush=True)
 
     def eval(self, record: dict[str, Any]) -> None:
         self.last_eval = record
