@@ -16,6 +16,7 @@ import scipy.stats
 from evosax.algorithms import Open_ES
 
 from esjax.es import ES, ESConfig, NoiseSpec, Scope, es_gradient, init, member_noise, path_str, shape, update
+from esjax.es import step as es_step
 
 PARAMS = {
     "dense": {"kernel": jnp.linspace(-1.0, 1.0, 30).reshape(6, 5), "bias": jnp.full((5,), 0.5)},
@@ -99,15 +100,15 @@ def test_update_equals_naive_reference(name):
 
 def test_update_compiles_once_for_any_member_ids():
     config = CONFIGS["full-llm"]
-    state = init(config, PARAMS, version=3)
+    state = init(config, PARAMS, version=1000)  # every id below is at or behind the state
     update(config, state, VERSIONS, INDICES, FITNESS)
-    size = update._cache_size()
+    size = es_step._update_jit._cache_size()
     rng = np.random.default_rng(0)
     for _ in range(2):
         versions = rng.integers(0, 1000, VERSIONS.size).astype(np.int32)
         indices = rng.integers(0, 1000, VERSIONS.size).astype(np.int32)
         update(config, state, versions, indices, rng.normal(size=VERSIONS.size).astype(np.float32))
-    assert update._cache_size() == size
+    assert es_step._update_jit._cache_size() == size
     lower = lambda v, i: update.lower(config, state, v, i, FITNESS).as_text()
     assert lower(VERSIONS, INDICES) == lower(VERSIONS[::-1].copy(), INDICES * 3 + 1)
 

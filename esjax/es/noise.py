@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import numbers
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -112,7 +113,8 @@ class NoiseSpec:
     """Everything that determines the noise of every member. Hashable, so it can be a static jit arg.
 
     Attributes:
-      seed: global seed of the run.
+      seed: global seed of the run, an integer in ``[0, 2**32)`` (threefry keys hold 32 bits of it: a seed
+        outside would alias another, e.g. ``2**32`` and ``0`` would draw the same noise).
       mode: ``'full'`` or ``'lowrank'``.
       rank: rank ``r`` of low-rank perturbations (ignored in full mode).
       antithetic: members ``2j``/``2j+1`` share noise with signs ``+``/``-`` (else every member is its own
@@ -127,6 +129,11 @@ class NoiseSpec:
     scope: Scope = Scope()
 
     def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+            raise TypeError(f"NoiseSpec.seed must be an integer in [0, 2**32), got {self.seed!r}")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"NoiseSpec.seed must be in [0, 2**32) = [0, {2**32 - 1}], got {self.seed}: threefry "
+                             "keeps 32 bits of it, so a seed outside that range would draw another seed's noise")
         if self.mode not in ("full", "lowrank"):
             raise ValueError(f"NoiseSpec.mode must be 'full' or 'lowrank', got {self.mode!r}")
         if self.rank < 1:

@@ -38,7 +38,6 @@ only on N, the parameter shapes and the (static) config — never on the values 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
@@ -278,12 +277,34 @@ def _check_cohort(versions, indices, fitness) -> None:
         raise ValueError("ES update: the cohort is empty (N = 0)")
 
 
-def _update(config: ESConfig, state: ESState, versions, indices, fitness) -> tuple[ESState, dict[str, jax.Array]]:
+def check_members(state_version, versions, indices, caller: str = "ES update") -> None:
+    """Raise ``ValueError`` unless every member id is ``(v, i)`` with ``0 <= v <= state_version``, ``i >= 0``.
+
+    A member from a version ahead of the state cannot exist (its noise would be drawn around a θ not yet
+    computed); a negative id would alias another member's noise. Only concrete values are checked: under an
+    outer ``jax.jit`` the caller checks before tracing (as :class:`esjax.parallel.sharded.ShardedES` does).
+    """
+    if any(isinstance(x, jax.core.Tracer) for x in (state_version, versions, indices)):
+        return
+    versions, indices = np.asarray(versions), np.asarray(indices)
+    if versions.size and (versions.min() < 0 or indices.min() < 0):
+        raise ValueError(f"{caller}: versions and indices must be >= 0")
+    if versions.size and versions.max() > int(state_version):
+        raise ValueError(f"{caller}: a member's version {int(versions.max())} is ahead of the state "
+                         f"(version {int(state_version)})")
+
+
+def _update(config: ESConfig, state: ESState, versions, indices, fitness,
+            weights=None) -> tuple[ESState, dict[str, jax.Array]]:
     _check_cohort(versions, indices, fitness)
     versions = jnp.asarray(versions, jnp.int32)
     indices = jnp.asarray(indices, jnp.int32)
     fitness = jnp.asarray(fitness, jnp.float32)
-    weights, valid = shaping_lib.shape(fitness, config.shaping)
+    if weights is None:
+        weights, valid = shaping_lib.shape(fitness, config.shaping)
+    else:  # shaped before the jit (see update)
+        valid = shaping_lib.valid_mask(fitness)
+        weights = jnp.where(valid, jnp.asarray(weights, jnp.float32), 0.0)
     n_valid = jnp.sum(valid.astype(jnp.int32))
     coefs = member_coefficients(config, versions, weights, valid)
     grad = weighted_noise_sum(config.noise, state.params, versions, indices, coefs, config.chunk_size)
@@ -326,21 +347,37 @@ def _update(config: ESConfig, state: ESState, versions, indices, fitness) -> tup
     return ESState(params, opt_state, state.version + 1, state.anchor), metrics
 
 
-@functools.partial(jax.jit, static_argnums=0)
+_update_jit = jax.jit(_update, static_argnums=0)
+
+
 def update(config: ESConfig, state: ESState, versions, indices, fitness) -> tuple[ESState, dict[str, jax.Array]]:
-    """Apply one ES update (jitted; ``config`` static). Fitness is maximized.
+    """Apply one ES update (a jitted program; ``config`` static). Fitness is maximized.
 
     Args:
       config: the :class:`ESConfig`.
       state: current :class:`ESState` at version ``t``.
-      versions, indices: ``[N]`` member ids ``(v_i, i)`` (any ``v_i ≤ t``; stale members use their own noise).
+      versions, indices: ``[N]`` member ids ``(v_i, i)``, ``0 ≤ v_i ≤ t`` and ``i ≥ 0`` (else ``ValueError``;
+        checked when the values are concrete, see :func:`check_members`); stale members use their own noise.
       fitness: ``[N]`` raw fitness; NaN/inf members are dropped and counted.
 
     Returns:
       ``(new_state, metrics)`` with ``new_state.version = t + 1`` and metrics ``version, n_valid, n_dropped,
       noise_draws, sigma, grad_norm, update_norm, fitness_mean/std/max/min, lag_mean, lag_max``.
+
+    An evosax shaping function is applied to concrete fitness before the jit, so it sees exactly the valid
+    members and the compiled program does not depend on how many there are
+    (:func:`esjax.es.shaping.evosax_shaping`). ``update.lower(...)`` / ``update.trace(...)`` give the jitted
+    program (nothing is checked there).
     """
-    return _update(config, state, versions, indices, fitness)
+    check_members(state.version, versions, indices)
+    weights = None
+    if shaping_lib.is_evosax_style(config.shaping) and not isinstance(fitness, jax.core.Tracer):
+        weights = shaping_lib.shape(jnp.asarray(fitness, jnp.float32), config.shaping)[0]
+    return _update_jit(config, state, versions, indices, fitness, weights)
+
+
+update.lower = _update_jit.lower
+update.trace = _update_jit.trace
 
 
 class ES:
@@ -374,11 +411,7 @@ class ES:
         if versions is None or indices is None or fitness is None:
             raise ValueError("ES.update needs a cohort or versions=, indices= and fitness=")
         versions, indices = np.asarray(versions), np.asarray(indices)
-        if versions.size and (versions.min() < 0 or indices.min() < 0):
-            raise ValueError("ES.update: versions and indices must be >= 0")
-        if versions.size and versions.max() > int(state.version):
-            raise ValueError(f"ES.update: a member's version {int(versions.max())} is ahead of the state "
-                             f"(version {int(state.version)})")
+        check_members(state.version, versions, indices, "ES.update")
         return update(self.config, state, versions.astype(np.int32), indices.astype(np.int32),
                       np.asarray(fitness, np.float32))
 

@@ -181,8 +181,10 @@ class ShardedES:
         return (np.asarray(versions, np.int32), np.asarray(indices, np.int32), np.asarray(fitness, np.float32))
 
     def update(self, state: Any, versions, indices, fitness) -> tuple[Any, dict[str, jax.Array]]:
-        """One sharded update (state stays on the mesh)."""
-        return self._jit(state, *self._cohort(versions, indices, fitness))
+        """One sharded update (state stays on the mesh); member ids are checked as by :func:`esjax.es.step.update`."""
+        cohort = self._cohort(versions, indices, fitness)
+        es_step.check_members(state.version, cohort[0], cohort[1], "ShardedES.update")
+        return self._jit(state, *cohort)
 
     def update_fn(self, config: Any, state: Any, versions, indices, fitness):
         """Drop-in for :func:`esjax.es.step.update` (``config`` must be this object's ``es_config``)."""
