@@ -96,7 +96,8 @@ def _settings_line(config: Any, base: dict[str, Any], user_set: dict[str, str], 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from esjax.config import key_paths, load_config, read_yaml
-    from esjax.trainer import build_agent, build_policy, build_shop, load_run, resolve_prompt_style, resume_config
+    from esjax.parts import build_agent, build_policy, build_shop, load_run, resolve_prompt_style
+    from esjax.rundir import resume_config
 
     overrides = []
     user_set: dict[str, str] = {}  # key -> the flag that set it

@@ -33,7 +33,8 @@ def evaluate_policy(model_config: ModelConfig, params: Any, agent: WebShopAgent,
     started = 0
     while started < len(goals) or engine.live:
         while started < len(goals) and engine.free:
-            engine.start("eval", 0, 0, 0, goals[started], started, 0, True)
+            engine.start("eval", owner=0, version=0, index=0, goal=goals[started], position=started, sampling_seed=0,
+                         greedy=True)
             started += 1
         finished, _ = engine.tick(lambda v: params)
         if recorder is not None:

@@ -38,7 +38,7 @@ def run_settings(config: Any, policy: Any) -> dict[str, Any]:
     (``agent.prompt_style`` with ``auto`` resolved, since a reloaded export is an HF model and ``auto`` could
     then pick another style; a data folder made absolute) and ``model.dtype``."""
     from envs.webshop_bridge import PACKAGED_DATA
-    from esjax.trainer import resolve_prompt_style
+    from esjax.parts import resolve_prompt_style
 
     env = config.env.model_dump(mode="json")
     if env["data"] != "synthetic" and env["data"] not in PACKAGED_DATA:
@@ -76,7 +76,8 @@ def write_settings(out: str | Path, run_dir: str | Path, config: Any, policy: An
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from esjax.model.hf import export_pretrained
-    from esjax.trainer import load_run, resume_config
+    from esjax.parts import load_run
+    from esjax.rundir import resume_config
 
     config = resume_config(args.run_dir)
     _, policy, params, version = load_run(args.run_dir, config)

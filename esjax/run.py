@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.resume:
-        from esjax.trainer import resume_config
+        from esjax.rundir import resume_config
 
         config = resume_config(args.resume, args.overrides)
     else:

@@ -152,7 +152,7 @@ def demonstrations(shop, goals, hasty: float, seed: int, max_steps: int = 15):
 
 
 def tokenizer_corpus(shop, steps):
-    from esjax.trainer import shop_texts
+    from esjax.parts import shop_texts
 
     seen = set()
     for prompt, cands, _ in steps:

@@ -11,7 +11,8 @@ from reliability import record
 
 from esjax.cli_util import run_cli
 from esjax.config import load_config
-from esjax.trainer import RunAborted, load_run, train
+from esjax.parts import load_run
+from esjax.trainer import RunAborted, train
 
 # The trainer tests' TINY run, shortened: 3 updates, evaluations only at the start and the end.
 BASE = ["model.source=random", "run.updates=3", "run.eval_every=10", "run.checkpoint_every=1", "es.population=8",

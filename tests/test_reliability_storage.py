@@ -21,7 +21,8 @@ from reliability import record
 from esjax.checkpoint import Checkpointer, StorageError
 from esjax.config import load_config
 from esjax.metrics import read_metrics
-from esjax.trainer import load_run, train
+from esjax.parts import load_run
+from esjax.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 # The embedded policy on the packaged real WebShop data, stepping its norm scales as configs/default.yaml does:

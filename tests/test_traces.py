@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from esjax.inflight import Evaluation
 from esjax.stats import eval_intervals, score_interval, t975, wilson_interval
 from esjax.traces import SNIPPET_CHARS, TraceRecorder, snippet
-from esjax.trainer import Evaluation
 
 INSTRUCTION = "i need a red wool scarf, and price lower than 30.00 dollars"
 

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from esjax.config import load_config
-from esjax.trainer import load_run, train
+from esjax.parts import load_run
+from esjax.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 WEBSHOP_SMALL = Path(os.environ.get("ESJAX_WEBSHOP_SMALL", REPO.parent / "shared" / "webshop_small"))
@@ -61,8 +62,8 @@ def test_run_directory_holds_everything(reference_run):
 
 def test_evaluations_write_episode_traces(reference_run):
     """run.traces: eval (the default): traces/eval-v<version>.jsonl per evaluation, one line per goal."""
+    from esjax.parts import build_shop
     from esjax.traces import SNIPPET_CHARS, read_traces
-    from esjax.trainer import build_shop
 
     run_dir = reference_run.run_dir
     shop = build_shop(load_config(run_dir / "config.yaml"))
@@ -201,7 +202,7 @@ def test_export_settings_keep_the_embedded_policys_prompt_style(tmp_path):
     ``prompt_style: auto`` would pick chat. The export records the style the run used, and eval reads it."""
     from esjax.eval import read_run_settings
     from esjax.export import run_settings
-    from esjax.trainer import build_policy, resolve_prompt_style
+    from esjax.parts import build_policy, resolve_prompt_style
 
     config = load_config(None, ["model.source=embedded", "agent.prompt_style=auto", "env.max_steps=5"])
     policy = build_policy(config, None)

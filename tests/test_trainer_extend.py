@@ -2,7 +2,7 @@
 
 Through the command line's own ``main`` on a tiny random policy (seconds): a 2-update run is finished once; a copy
 with its last checkpoint deleted stands for a run killed after checkpoint 1. Resuming it must continue the wall
-clock from the time stored in that checkpoint (``Trainer.wall_offset``), not from 0, so ``wall_time`` never
+clock from the time stored in that checkpoint (``LoopCounters.wall_time``), not from 0, so ``wall_time`` never
 decreases across ``metrics.jsonl``; then the finished run is extended to 3 updates. The first run's clock runs
 1000x fast, so its wall times (thousands of seconds) are far beyond anything a resumed run could reach counting
 from 0: a resume that forgot the stored time cannot pass by luck.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-import esjax.trainer
+import esjax.driver
 from esjax.checkpoint import read_loop_state
 from esjax.run import main
 
@@ -40,7 +40,7 @@ def finished(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("tiny") / "run"
     fast = types.SimpleNamespace(perf_counter=lambda: 1000 * time.perf_counter(), strftime=time.strftime)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(esjax.trainer, "time", fast)  # the trainer's clock only (wall_time), nothing else
+        patch.setattr(esjax.driver, "time", fast)  # the trainer's clock only (wall_time), nothing else
         assert main(["--run-dir", str(run_dir), *(x for item in TINY for x in ("--set", item))]) == 0
     assert _records(run_dir)[-1]["wall_time"] > 1000
     return run_dir

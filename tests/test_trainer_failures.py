@@ -58,20 +58,20 @@ def test_constant_fitness_is_warned_once_and_counted_and_the_run_is_recorded(tmp
 def test_ctrl_c_names_the_checkpoint_and_the_resume_command_that_works(tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "run"
     overrides = [*SMALL, "env.max_steps=3", "run.updates=3", "run.checkpoint_every=1"]
-    original = Trainer._finish_update
+    original = Trainer._new_version
 
     def interrupt_after_update_2(self, record):
         original(self, record)  # version 2 is applied and checkpointed, then Ctrl-C
         if self.version == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(Trainer, "_finish_update", interrupt_after_update_2)
+    monkeypatch.setattr(Trainer, "_new_version", interrupt_after_update_2)
     assert _cli(["--run-dir", str(run_dir), *_set(overrides)]) == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-2] == (f"interrupted at version 2; latest checkpoint: version 2 "
                        f"({run_dir.absolute() / 'checkpoints' / '2'})")
     assert err[-1] == f"resume with: python -m esjax.run --resume {run_dir}"
-    monkeypatch.setattr(Trainer, "_finish_update", original)
+    monkeypatch.setattr(Trainer, "_new_version", original)
     assert _cli(shlex.split(err[-1].removeprefix("resume with: "))[3:]) == 0  # the printed command resumes
     assert json.loads((run_dir / "run.json").read_text())["resumes"][0]["overrides"] == []
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -111,7 +111,7 @@ def test_tensorboard_without_its_extra_is_one_line_at_start(tmp_path, capsys, mo
 
 def test_git_commit_is_unknown_outside_a_checkout(tmp_path, monkeypatch):
     import esjax
-    from esjax.trainer import git_commit
+    from esjax.rundir import git_commit
 
     package = tmp_path / "site" / "esjax"
     package.mkdir(parents=True)
@@ -138,7 +138,7 @@ def test_human_goal_set_is_selectable_on_real_data(tmp_path):
     real products of the packaged set); synthetic data refuses it, naming the key."""
     from envs.webshop_bridge import load_webshop
     from esjax.config import ConfigError
-    from esjax.trainer import build_shop
+    from esjax.parts import build_shop
 
     asins = [p.asin for p in load_webshop("webshop_small").catalog.products[:3]]
     human = {asin: [{"instruction": f"i need item number {i}.", "instruction_attributes": ["quality"],

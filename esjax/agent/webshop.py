@@ -221,6 +221,12 @@ class WebShopAgent:
     def encode_candidate(self, candidate: Candidate) -> list[int]:
         return self.encode(" " + candidate.text)[: self.max_candidate_tokens]
 
+    def new_memory(self, instruction: str) -> EpisodeMemory:
+        return EpisodeMemory(instruction)
+
+    def remember(self, memory: EpisodeMemory, available: dict, picked: Candidate) -> None:
+        memory.record(page_kind(available), picked)
+
     def step_inputs(self, observation: str, available: dict, memory: EpisodeMemory
                     ) -> tuple[list[int], list[Candidate], list[list[int]]]:
         """Prompt ids, candidates and candidate ids for one waiting episode."""

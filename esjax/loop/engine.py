@@ -61,6 +61,14 @@ class ESUpdate:
         except KeyError:
             raise KeyError(f"θ of version {version} is not kept (have {sorted(self._params)})") from None
 
+    def keep_version(self, version: int, params: PyTree) -> None:
+        """Keep θ of an older ``version`` (t − keep < version < t) again: a resume restores the versions live
+        episodes still act with."""
+        if not self.version - self.keep < version < self.version:
+            raise ValueError(f"version {version} is outside the kept window ({self.version - self.keep}, "
+                             f"{self.version})")
+        self._params[version] = params
+
     def __call__(self, cohort: Cohort) -> Mapping[str, Any]:
         if cohort.version != self.version:
             raise RuntimeError(f"cohort for version {cohort.version}, but the ES state is at {self.version}")

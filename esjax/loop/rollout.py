@@ -26,8 +26,8 @@ import numpy as np
 
 from esjax.agent.buckets import Buckets
 from esjax.agent.scoring import dispatch_scores
-from esjax.agent.webshop import Candidate, EpisodeMemory, WebShopAgent, page_kind
 from esjax.es.noise import NoiseSpec
+from esjax.loop.protocols import EnvPool, ScoringAgent
 from esjax.loop.tasks import hash_ints
 from esjax.model.config import ModelConfig
 from esjax.model.perturb import Perturbation
@@ -67,6 +67,14 @@ def call_sizes(n: int, row_buckets: Sequence[int], most: int = MAX_CALL_ROWS) ->
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class _Replayed:
+    """A candidate taken earlier, replayed from a checkpoint's trace."""
+
+    text: str
+    action: str
+
+
 @dataclasses.dataclass
 class Episode:
     """One live episode in an env-pool row."""
@@ -80,7 +88,7 @@ class Episode:
     position: int  # position in the task batch / eval set: the CRN sampling stream
     sampling_seed: int
     greedy: bool
-    memory: EpisodeMemory
+    memory: Any  # the agent's (ScoringAgent.new_memory)
     observation: str = ""
     available: dict = dataclasses.field(default_factory=dict)
     trace: list[tuple[str, str]] = dataclasses.field(default_factory=list)
@@ -126,8 +134,8 @@ class RolloutEngine:
     """Runs episodes of many members and versions in lock-step ticks over one env pool.
 
     Args:
-      pool: an in-process env pool (``reset_one``, batched ``step``, per-session ``envs``).
-      agent: builds prompts and candidates.
+      pool: an :class:`~esjax.loop.protocols.EnvPool` (``reset_one``, per-row sessions ``envs``).
+      agent: a :class:`~esjax.loop.protocols.ScoringAgent`: prompts, candidates and its episode memory.
       model_config: the policy's :class:`ModelConfig`.
       noise: the run's noise spec (members' perturbations).
       sigma_at: σ of a version.
@@ -142,7 +150,7 @@ class RolloutEngine:
         come back from :meth:`tick` with ``failure`` set and ``reward`` 0.
     """
 
-    def __init__(self, pool: Any, agent: WebShopAgent, model_config: ModelConfig, noise: NoiseSpec,
+    def __init__(self, pool: EnvPool, agent: ScoringAgent, model_config: ModelConfig, noise: NoiseSpec,
                  sigma_at: Callable[[int], float], max_steps: int, temperature: float = 1.0,
                  buckets: Buckets = ROLLOUT_BUCKETS, step_timeout: float | None = None,
                  max_call_rows: int | None = None):
@@ -170,7 +178,7 @@ class RolloutEngine:
     def free(self) -> int:
         return len(self.free_rows)
 
-    def start(self, kind: EpisodeKind, owner: int, version: int, index: int, goal: int, position: int,
+    def start(self, kind: EpisodeKind, *, owner: int, version: int, index: int, goal: int, position: int,
               sampling_seed: int, greedy: bool, trace: Sequence[Sequence[str]] = (), row: int | None = None
               ) -> Episode:
         """Open an episode in a free row; a ``trace`` of (candidate text, action) pairs is replayed first.
@@ -187,10 +195,9 @@ class RolloutEngine:
         observation, _ = self.pool.reset_one(row, goal)
         env = self.pool.envs[row]
         episode = Episode(row, kind, owner, version, index, goal, position, sampling_seed, greedy,
-                          EpisodeMemory(env.instruction), observation, env.available_actions())
+                          self.agent.new_memory(env.instruction), observation, env.available_actions())
         for text, action in trace:
-            kind_now = page_kind(episode.available)
-            episode.memory.record(kind_now, Candidate(text, action))
+            self.agent.remember(episode.memory, episode.available, _Replayed(text, action))
             episode.observation, reward, done, info = env.step(action)
             episode.available = env.available_actions()
             episode.trace.append((text, action))
@@ -198,6 +205,13 @@ class RolloutEngine:
                 raise RuntimeError(f"replayed trace of goal {goal} ended its episode; it should still be live")
         self.live[row] = episode
         return episode
+
+    def restore_episode(self, data: dict[str, Any]) -> Episode:
+        """An episode from a checkpoint (:meth:`Episode.to_dict`), back in its row, its trace replayed."""
+        return self.start(data["kind"], owner=int(data["owner"]), version=int(data["version"]),
+                          index=int(data["index"]), goal=int(data["goal"]), position=int(data["position"]),
+                          sampling_seed=int(data["sampling_seed"]), greedy=bool(data["greedy"]), trace=data["trace"],
+                          row=int(data["row"]))
 
     def stop(self, predicate: Callable[[Episode], bool]) -> list[Episode]:
         """Drop (without finishing) every live episode matching ``predicate``; frees their rows."""
@@ -277,7 +291,7 @@ class RolloutEngine:
                 episode.done = True
                 continue
             picked = candidates[choice[episode.row]]
-            episode.memory.record(page_kind(episode.available), picked)
+            self.agent.remember(episode.memory, episode.available, picked)
             episode.trace.append((picked.text, picked.action))
             actions[episode.row] = picked.action
         stats.rows = sum(a is not None for a in actions)

@@ -1,0 +1,136 @@
+"""Building a run's parts from its config: the shop, the policy, the agent, the ES update's config, the
+coordinator, and the optional packages a config needs; and reading a finished run's θ back (``load_run``).
+
+Every function raises :class:`~esjax.config.ConfigError` naming the key when the config asks for something that
+cannot be built, so a bad config fails before the loop starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import optax
+
+from esjax.agent.policy import LoadedPolicy, load_policy
+from esjax.agent.webshop import WebShopAgent
+from esjax.checkpoint import Checkpointer
+from esjax.config import Config, ConfigError
+from esjax.es.noise import NoiseSpec, Scope
+from esjax.es.schedules import constant, cosine, linear
+from esjax.es.step import ESConfig
+from esjax.loop.coordinator import Coordinator, CoordinatorConfig
+from esjax.loop.engine import ESUpdate
+from esjax.loop.schedules import make_schedule
+from esjax.rundir import resume_config
+
+
+def build_shop(config: Config):
+    """The environment's shop: a synthetic catalog or WebShop data from a folder."""
+    from envs.webshop_bridge import PACKAGED_DATA, DataError, load_webshop, synthetic_shop
+
+    env = config.env
+    try:
+        if env.data == "synthetic":
+            return synthetic_shop(env.num_products, seed=env.catalog_seed)
+        human_file = Path(env.human_file).expanduser() if env.human_file else None
+        return load_webshop(env.data if env.data in PACKAGED_DATA else Path(env.data).expanduser(),
+                            seed=env.catalog_seed, goals=env.goals, human_file=human_file)
+    except DataError as err:
+        raise ConfigError(f"env.data: {err}") from None
+
+
+def shop_texts(shop, limit: int = 5000):
+    """Text a from-scratch tokenizer is trained on: instructions, titles and option values."""
+
+    for i in range(min(len(shop.goals), limit)):
+        yield shop.goals[i].instruction_text.lower()
+    for i in range(min(len(shop), limit)):
+        product = shop.product(i)
+        yield f"open {product.title} choose buy now go back next page back to search page: results item chosen"
+
+
+def build_policy(config: Config, shop) -> LoadedPolicy:
+    from esjax.model.config import ConfigError as ModelConfigError
+    from esjax.model.hf import CheckpointError as ModelFileError
+
+    m = config.model
+    try:
+        return load_policy(m.source, m.path, m.dtype, random_config=m.random_config, seed=config.run.seed,
+                           texts=lambda: shop_texts(shop))
+    except (ModelFileError, ModelConfigError) as err:  # a missing, corrupt or unsupported model file: one line
+        key = "model.random_config" if m.source == "random" else "model.path"
+        raise ConfigError(f"{key}: {err}") from None
+
+
+def resolve_prompt_style(config: Config, policy: LoadedPolicy) -> str:
+    """``agent.prompt_style`` with ``auto`` decided: chat for an HF model with a chat template, else compact."""
+    style = config.agent.prompt_style
+    if style == "auto":
+        style = "chat" if policy.chat_template is not None and config.model.source == "hf" else "compact"
+    return style
+
+
+def build_agent(config: Config, policy: LoadedPolicy) -> WebShopAgent:
+    style = resolve_prompt_style(config, policy)
+    renderer = policy.chat_renderer()
+    if style == "chat" and renderer is None:
+        raise ConfigError("agent.prompt_style: 'chat' needs a model with a chat template "
+                          "(tokenizer_config.json chat_template)")
+    return WebShopAgent(policy.tokenizer, style, renderer, config.agent.max_prompt_tokens,
+                        config.agent.max_candidate_tokens, config.agent.score_norm)
+
+
+def build_es_config(config: Config) -> ESConfig:
+    es = config.es
+    noise = NoiseSpec(seed=config.run.seed, mode=es.mode, rank=es.rank, antithetic=es.antithetic,
+                      scope=Scope(es.scope, tuple(es.include), tuple(es.exclude)))
+    if es.sigma_schedule == "constant":
+        sigma = constant(es.sigma)
+    elif es.sigma_schedule == "linear":
+        sigma = linear(es.sigma, es.sigma_final, config.run.updates)
+    else:
+        sigma = cosine(es.sigma, es.sigma_final, config.run.updates)
+    optimizer = optax.sgd(es.learning_rate) if es.optimizer == "sgd" else optax.adam(es.learning_rate)
+    return ESConfig(noise=noise, sigma=sigma, learning_rate=es.learning_rate, scale=es.scale,
+                    shaping=es.shaping, optimizer=optimizer, weight_decay=es.weight_decay,
+                    anchor_decay=es.anchor_decay)
+
+
+def build_coordinator(config: Config, train_size: int, state: dict[str, Any] | None = None) -> Coordinator:
+    s = config.schedule
+    coord_config = CoordinatorConfig(population=config.es.population, max_lag=s.max_lag, seed=config.run.seed,
+                                     train_size=train_size, tasks_per_member=config.env.tasks_per_member)
+    schedule = make_schedule(s.kind, lag=s.lag, fraction=s.stale_fraction, max_lag=s.max_lag)
+    if state is None:
+        return Coordinator(coord_config, schedule)
+    return Coordinator.from_state_dict(coord_config, schedule, state)
+
+
+def check_extras(config: Config) -> None:
+    """Optional packages the config needs, checked before anything is built: one line naming the extra."""
+    for key, module, extra in (("tensorboard", "tensorboardX", "tb"), ("wandb", "wandb", "wandb")):
+        if getattr(config.run, key):
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                raise ConfigError(f"run.{key}: true needs the optional {module} package, which is not installed: "
+                                  f"pip install 'esjax[{extra}]' (or --set run.{key}=false)") from None
+
+
+def load_run(run_dir: str | Path, config: Config | None = None) -> tuple[Any, LoadedPolicy, Any, int]:
+    """(shop, policy, θ of the latest readable checkpoint, its version) of a run directory."""
+    config = config or resume_config(run_dir)
+    shop = build_shop(config)
+    policy = build_policy(config, shop)
+    state = ESUpdate(build_es_config(config), policy.params).state
+    checkpointer = Checkpointer(run_dir, config.run.keep_checkpoints)
+    try:
+        def target(loop: dict[str, Any]) -> dict[str, Any]:
+            return {"state": state, "versions": {str(v): state.params for v in loop["saved_versions"]}}
+
+        _, tree, _ = checkpointer.restore_latest(target)
+    finally:
+        checkpointer.close()
+    return shop, policy, tree["state"].params, int(tree["state"].version)
