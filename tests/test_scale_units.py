@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from esjax.loop.types import Member, Result
+from esjax.model.sharding import MeshError, mesh_shape, pad_rows_to, parse_mesh
 from esjax.parallel import multihost
 from esjax.parallel.multihost import DistributedConfig, DistributedError, decode_results, encode_results
-from esjax.parallel.sharded import MeshError, mesh_shape, pad_rows_to, parse_mesh
 
 REPO = Path(__file__).resolve().parents[1]
 

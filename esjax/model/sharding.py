@@ -1,10 +1,16 @@
-"""Logical axis names → mesh axes: the one place where esjax's model shardings are declared.
+"""The ``('data', 'model')`` mesh and the logical axis rules: the one place where esjax's meshes and shardings
+are declared.
 
-Every parameter leaf carries a tuple of logical axis names (``esjax.model.params.param_logical_axes``);
+Meshes: :func:`make_mesh` (axis sizes given), :func:`mesh_from_config` (a run's ``mesh`` section, ``data=0``
+meaning every device not on ``model``), :func:`parse_mesh` (``'data=2,model=4'`` text), :func:`mesh_shape`
+(resolves and checks the sizes, :class:`MeshError` otherwise).
+
+Shardings: every parameter leaf carries a tuple of logical axis names (``esjax.model.params.param_logical_axes``);
 activations and the KV cache name theirs at the call site (``constrain``). ``LOGICAL_RULES`` maps names
 onto the two mesh axes: batch rows (members × episodes) over ``data``; attention heads, MLP width and
 vocabulary over ``model``. A dimension that does not divide evenly by its mesh axis is replicated instead
-(e.g. Qwen2.5's 2 KV heads on a 4-way ``model`` axis), so any mesh works for any model.
+(e.g. Qwen2.5's 2 KV heads on a 4-way ``model`` axis), so any mesh works for any model. Host batches go onto
+a mesh with :func:`put_batch` (rows over ``data``; pad them with :func:`pad_rows_to` first).
 
 Meshes use ``AxisType.Auto`` (classic propagation): parameters and inputs are placed with
 ``NamedSharding`` and XLA propagates through the jitted forward; ``constrain`` pins activations when a mesh
@@ -13,7 +19,7 @@ is active via ``jax.set_mesh`` and is a no-op otherwise, so nothing assumes one 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -47,14 +53,71 @@ ACTIVATION_AXES = ("batch", "seq", "embed")
 CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
 
 
+class MeshError(ValueError):
+    """A mesh that cannot be built on the available devices (names the axis sizes and device counts)."""
+
+
 def make_mesh(data: int = 1, model: int | None = None, devices: Sequence[Any] | None = None) -> Mesh:
     """A ``('data', 'model')`` mesh with Auto axis types; ``model`` defaults to all remaining devices."""
     devices = list(devices if devices is not None else jax.devices())
     if model is None:
         model = len(devices) // data
     if data * model != len(devices):
-        raise ValueError(f"mesh ({data}, {model}) needs {data * model} devices, have {len(devices)}")
+        raise MeshError(f"mesh ({data}, {model}) needs {data * model} devices, have {len(devices)}")
     return jax.make_mesh((data, model), MESH_AXES, axis_types=(AxisType.Auto,) * 2, devices=devices)
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """``'data=2,model=4'`` → ``{'data': 2, 'model': 4}`` (missing axes: data=0 = all devices, model=1)."""
+    out = {DATA: 0, MODEL: 1}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or key.strip() not in out or not value.strip().isdigit():
+            raise MeshError(f"mesh {text!r}: expected 'data=D,model=M' with non-negative integers, got {part!r}")
+        out[key.strip()] = int(value)
+    if out[MODEL] < 1:
+        raise MeshError(f"mesh {text!r}: model must be >= 1")
+    return out
+
+
+def mesh_shape(data: int, model: int, n_devices: int) -> tuple[int, int]:
+    """Resolve ``data=0`` (all devices not used by ``model``) and check the product matches the devices."""
+    if model < 1 or data < 0:
+        raise MeshError(f"mesh: model must be >= 1 and data >= 0, got data={data}, model={model}")
+    if data == 0:
+        if n_devices % model:
+            raise MeshError(f"mesh: model={model} does not divide the {n_devices} devices")
+        data = n_devices // model
+    if data * model != n_devices:
+        raise MeshError(f"mesh: data={data} x model={model} = {data * model} devices, but {n_devices} are "
+                        "available (set mesh.data=0 to use all of them on the data axis)")
+    return data, model
+
+
+def mesh_from_config(mesh_config: Any = None, devices: list[Any] | None = None) -> Mesh:
+    """The run's mesh from a ``mesh`` config section (``.data``, ``.model``; a mapping works too).
+
+    ``data=0`` puts every device not used by ``model`` on the data axis. Devices are taken in
+    ``jax.devices()`` order (grouped by process), so with ``model`` ≤ local devices the model axis stays
+    inside one host (fast links) and ``data`` spans hosts.
+    """
+    if mesh_config is None:
+        data, model = 0, 1
+    elif isinstance(mesh_config, Mapping):
+        data, model = int(mesh_config.get(DATA, 0)), int(mesh_config.get(MODEL, 1))
+    else:
+        data, model = int(getattr(mesh_config, DATA, 0)), int(getattr(mesh_config, MODEL, 1))
+    devices = list(devices if devices is not None else jax.devices())
+    data, model = mesh_shape(data, model, len(devices))
+    return make_mesh(data, model, devices)
+
+
+def pad_rows_to(rows: int, mesh: Mesh, multiple: int = 1) -> int:
+    """Smallest row count ≥ ``rows`` that splits evenly over ``data`` (and is a multiple of ``multiple``).
+
+    Rows that do not divide the data axis would be *replicated* by the sharding rules, so drivers pad."""
+    step = int(np.lcm(int(mesh.shape[DATA]), max(1, multiple)))
+    return max(step, -(-rows // step) * step)
 
 
 def _rule(name: str | None, rules) -> str | None:
@@ -106,7 +169,8 @@ def batch_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
 
 
 def put_batch(x: Any, mesh: Mesh | None = None) -> jax.Array:
-    """``device_put`` a host batch (leading axis = rows) onto ``mesh`` (or the active mesh; none: as is)."""
+    """``device_put`` a host batch (leading axis = rows) onto ``mesh`` (or the active mesh; none: as is), rows
+    over ``data``."""
     mesh = mesh if mesh is not None else _concrete_mesh()
     x = np.asarray(x) if not isinstance(x, jax.Array) else x
     if mesh is None:

@@ -25,26 +25,19 @@ from esjax.parallel.multihost import (
     shutdown,
 )
 from esjax.parallel.sharded import (
-    MeshError,
     ShardedES,
     check_partitionable,
     like_params_shardings,
-    mesh_from_config,
-    mesh_shape,
-    pad_rows_to,
-    parse_mesh,
     per_device_bytes,
     population_forward,
     shard_perturbation,
-    shard_rows,
     state_shardings,
     update_memory,
 )
 
 __all__ = [
-    "DistributedConfig", "DistributedError", "MeshError", "ProcessInfo", "ShardedES", "allgather_rows", "barrier",
+    "DistributedConfig", "DistributedError", "ProcessInfo", "ShardedES", "allgather_rows", "barrier",
     "check_agreement", "check_partitionable", "decode_results", "encode_results", "exchange_results", "initialize",
-    "is_initialized", "like_params_shardings", "local_rows", "mesh_from_config", "mesh_shape", "owned_rows",
-    "pad_rows_to", "parse_mesh", "per_device_bytes", "population_forward", "process_info", "row_owners",
-    "setup", "shard_perturbation", "shard_rows", "shutdown", "state_shardings", "update_memory",
+    "is_initialized", "like_params_shardings", "local_rows", "owned_rows", "per_device_bytes", "population_forward",
+    "process_info", "row_owners", "setup", "shard_perturbation", "shutdown", "state_shardings", "update_memory",
 ]

@@ -200,7 +200,7 @@ def _say_init_timeout(where: str, timeout: int) -> None:
 def setup(mesh_config: Any = None, distributed: DistributedConfig | None = None) -> tuple[Any, ProcessInfo]:
     """What a trainer calls first: join the job when ``mesh_config.distributed`` is true (settings from
     ``distributed`` or the environment), then build the global ``('data', 'model')`` mesh."""
-    from esjax.parallel.sharded import mesh_from_config
+    from esjax.model.sharding import mesh_from_config
 
     wants = bool(getattr(mesh_config, "distributed", False) or (isinstance(mesh_config, Mapping)
                                                               and mesh_config.get("distributed")))

@@ -2,7 +2,7 @@
 
 Why this module exists: the ES engine (:mod:`esjax.es.step`) and the decoder (:mod:`esjax.model`) are
 written sharding-agnostic. Here they are compiled with explicit in/out shardings taken from the model's
-logical axis rules (:mod:`esjax.model.sharding`, the one place where shardings are declared), so that
+logical axis rules (:mod:`esjax.model.sharding`, the one place where meshes and shardings are declared), so that
 
 * θ, the optimizer state, θ_0 and the update's gradient accumulator are sharded the same way (heads, MLP
   width and vocabulary over ``model``); the compiled update never materializes a full replica of θ on one
@@ -16,7 +16,7 @@ logical axis rules (:mod:`esjax.model.sharding`, the one place where shardings a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -29,63 +29,9 @@ from esjax.es.noise import path_str
 from esjax.model.config import ModelConfig
 from esjax.model.decoder import forward
 from esjax.model.perturb import Perturbation
-from esjax.model.sharding import DATA, MODEL, batch_sharding, make_mesh, param_shardings
+from esjax.model.sharding import param_shardings, put_batch
 
 PyTree = Any
-
-
-class MeshError(ValueError):
-    """A mesh that cannot be built on the available devices (names the axis sizes and device counts)."""
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Mesh from a config
-# ---------------------------------------------------------------------------------------------------------
-
-
-def parse_mesh(text: str) -> dict[str, int]:
-    """``'data=2,model=4'`` → ``{'data': 2, 'model': 4}`` (missing axes: data=0 = all devices, model=1)."""
-    out = {DATA: 0, MODEL: 1}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = part.partition("=")
-        if not sep or key.strip() not in out or not value.strip().isdigit():
-            raise MeshError(f"mesh {text!r}: expected 'data=D,model=M' with non-negative integers, got {part!r}")
-        out[key.strip()] = int(value)
-    if out[MODEL] < 1:
-        raise MeshError(f"mesh {text!r}: model must be >= 1")
-    return out
-
-
-def mesh_shape(data: int, model: int, n_devices: int) -> tuple[int, int]:
-    """Resolve ``data=0`` (all devices not used by ``model``) and check the product matches the devices."""
-    if model < 1 or data < 0:
-        raise MeshError(f"mesh: model must be >= 1 and data >= 0, got data={data}, model={model}")
-    if data == 0:
-        if n_devices % model:
-            raise MeshError(f"mesh: model={model} does not divide the {n_devices} devices")
-        data = n_devices // model
-    if data * model != n_devices:
-        raise MeshError(f"mesh: data={data} x model={model} = {data * model} devices, but {n_devices} are "
-                        "available (set mesh.data=0 to use all of them on the data axis)")
-    return data, model
-
-
-def mesh_from_config(mesh_config: Any = None, devices: list[Any] | None = None) -> Mesh:
-    """The run's mesh from a ``mesh`` config section (``.data``, ``.model``; a mapping works too).
-
-    ``data=0`` puts every device not used by ``model`` on the data axis. Devices are taken in
-    ``jax.devices()`` order (grouped by process), so with ``model`` ≤ local devices the model axis stays
-    inside one host (fast links) and ``data`` spans hosts.
-    """
-    if mesh_config is None:
-        data, model = 0, 1
-    elif isinstance(mesh_config, Mapping):
-        data, model = int(mesh_config.get(DATA, 0)), int(mesh_config.get(MODEL, 1))
-    else:
-        data, model = int(getattr(mesh_config, DATA, 0)), int(getattr(mesh_config, MODEL, 1))
-    devices = list(devices if devices is not None else jax.devices())
-    data, model = mesh_shape(data, model, len(devices))
-    return make_mesh(data, model, devices)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -230,28 +176,14 @@ def update_memory(sharded: ShardedES, n: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def pad_rows_to(rows: int, mesh: Mesh, multiple: int = 1) -> int:
-    """Smallest row count ≥ ``rows`` that splits evenly over ``data`` (and is a multiple of ``multiple``).
-
-    Rows that do not divide the data axis would be *replicated* by the sharding rules, so drivers pad."""
-    step = int(np.lcm(int(mesh.shape[DATA]), max(1, multiple)))
-    return max(step, -(-rows // step) * step)
-
-
-def shard_rows(x: Any, mesh: Mesh) -> jax.Array:
-    """Place a host array whose leading axis is rows onto ``mesh`` (rows over ``data``)."""
-    x = np.asarray(x) if not isinstance(x, jax.Array) else x
-    return jax.device_put(x, batch_sharding(mesh, x.shape))
-
-
 def shard_perturbation(perturbation: Perturbation, mesh: Mesh) -> Perturbation:
     """Member ids per row over ``data`` (σ replicated), matching the rows of the tokens."""
     return dataclasses.replace(
         perturbation,
         sigma=jax.device_put(perturbation.sigma, NamedSharding(mesh, PartitionSpec())),
-        versions=shard_rows(perturbation.versions, mesh),
-        indices=shard_rows(perturbation.indices, mesh),
-        active=shard_rows(perturbation.active, mesh),
+        versions=put_batch(perturbation.versions, mesh),
+        indices=put_batch(perturbation.indices, mesh),
+        active=put_batch(perturbation.active, mesh),
     )
 
 
@@ -270,7 +202,7 @@ def population_forward(model_config: ModelConfig, mesh: Mesh,
 
     def call(params, tokens, mask, perturbation):
         params = jax.device_put(params, p_shard)  # no-op when already placed
-        return fn(params, shard_rows(tokens, mesh), shard_rows(mask, mesh), shard_perturbation(perturbation, mesh))
+        return fn(params, put_batch(tokens, mesh), put_batch(mask, mesh), shard_perturbation(perturbation, mesh))
 
     return call
 

@@ -103,9 +103,10 @@ def deterministic_run(mesh: Any, *, updates: int = 3, population: int = 4, max_l
     from esjax.loop.schedules import Async
     from esjax.model.params import init_params
     from esjax.model.perturb import Perturbation
+    from esjax.model.sharding import pad_rows_to
     from esjax.model.testing import tiny_config
     from esjax.parallel.multihost import exchange_results, local_rows, owned_rows
-    from esjax.parallel.sharded import ShardedES, pad_rows_to, population_forward
+    from esjax.parallel.sharded import ShardedES, population_forward
 
     cfg = model_config if model_config is not None else tiny_config()
     es_config = smoke_es_config(mode, seed)
@@ -194,14 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write the final θ as .npz here (process 0)")
     args = parser.parse_args(argv)
 
+    from esjax.model.sharding import parse_mesh
     from esjax.parallel import multihost
-    from esjax.parallel.sharded import parse_mesh
 
     mesh, _ = multihost.setup({**parse_mesh(args.mesh), "distributed": args.distributed})
     import jax
 
+    from esjax.model.sharding import pad_rows_to
     from esjax.parallel.multihost import owned_rows
-    from esjax.parallel.sharded import pad_rows_to
 
     result = deterministic_run(mesh, updates=args.updates, mode=args.mode, checkpoint_dir=args.checkpoint_dir,
                                capacity=args.exchange_capacity)

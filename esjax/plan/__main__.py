@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from esjax.cli_util import UserError as ConfigError
     from esjax.model.config import ConfigError as ModelConfigError
-    from esjax.parallel.sharded import MeshError, parse_mesh
+    from esjax.model.sharding import MeshError, parse_mesh
     from esjax.plan.memory import parse_bytes, plan_memory
     from esjax.plan.models import resolve_model
 
