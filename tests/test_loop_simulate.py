@@ -7,7 +7,7 @@ import pytest
 
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig
 from esjax.loop.schedules import Async, Controlled, Sync
-from esjax.loop.simulate import Constant, Empirical, LogNormal, Pareto, RewardTable, simulate
+from esjax.loop.simulate import ConstantDuration, Empirical, LogNormal, Pareto, RewardTable, simulate
 
 _LOGNORMAL = LogNormal(1.0)
 
@@ -31,7 +31,7 @@ def test_lognormal_g_eq_n_32_async_keeps_slots_busy_sync_does_not():
 
 
 def test_constant_durations_have_no_barrier_cost():
-    report = _sim(Sync(), 0, workers=8, n=8, durations=Constant(2.0), updates=10, update_time=0.5)
+    report = _sim(Sync(), 0, workers=8, n=8, durations=ConstantDuration(2.0), updates=10, update_time=0.5)
     assert report.wall_clock == pytest.approx(10 * 2.5)
     assert report.utilization == pytest.approx(2.0 / 2.5)
     assert report.time_to(4) == pytest.approx(4 * 2.5)

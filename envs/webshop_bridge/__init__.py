@@ -22,11 +22,11 @@ from .official import OfficialWebShopEnv, official_available
 from .pages import SEP, Page
 from .policies import (
     DEFAULT_MAX_STEPS,
-    Episode,
     EvalResult,
     FirstHitPolicy,
     OraclePolicy,
     Policy,
+    PolicyEpisode,
     RandomPolicy,
     evaluate,
     exact_purchase_reward,
@@ -42,8 +42,9 @@ from .shop import PACKAGED_DATA, Shop, ShopSpec, get_shop, load_webshop, resolve
 from .synthetic import SyntheticCatalog, SyntheticGoals, synthetic_shop
 
 __all__ = [
-    "COLOR_SET", "Catalog", "DEFAULT_MAX_STEPS", "DataError", "EnvPool", "Episode", "EvalResult", "FirstHitPolicy",
-    "Goal", "ListCatalog", "PACKAGED_DATA", "OfficialWebShopEnv", "OraclePolicy", "Page", "Policy", "ProcessEnvPool",
+    "COLOR_SET", "Catalog", "DEFAULT_MAX_STEPS", "DataError", "EnvPool", "EvalResult", "FirstHitPolicy",
+    "Goal", "ListCatalog", "PACKAGED_DATA", "OfficialWebShopEnv", "OraclePolicy", "Page", "Policy", "PolicyEpisode",
+    "ProcessEnvPool",
     "Product",    "RandomPolicy", "RewardInfo", "SEP", "SearchEngine", "Shop", "ShopSpec", "SyntheticCatalog",
     "SyntheticGoals", "WebShopTextEnv", "analyze", "compute_reward", "evaluate", "exact_purchase_reward",
     "fuzzy_match", "get_shop", "load_attribute_file", "load_human_instructions", "load_processed_jsonl",

@@ -140,7 +140,9 @@ class FirstHitPolicy:
 
 
 @dataclass
-class Episode:
+class PolicyEpisode:
+    """One episode a scripted :class:`Policy` played: its actions, the observations they answered, the outcome."""
+
     goal_index: int
     actions: list[str] = field(default_factory=list)
     observations: list[str] = field(default_factory=list)  # observations[i] is what actions[i] answered
@@ -149,11 +151,12 @@ class Episode:
     info: dict = field(default_factory=dict)
 
 
-def rollout(env: WebShopTextEnv, policy: Policy, goal_index: int, max_steps: int = DEFAULT_MAX_STEPS) -> Episode:
+def rollout(env: WebShopTextEnv, policy: Policy, goal_index: int,
+            max_steps: int = DEFAULT_MAX_STEPS) -> PolicyEpisode:
     """Play one episode; stops at Buy Now, when the policy gives up, or after ``max_steps`` actions."""
     obs, _ = env.reset(goal_index)
     policy.reset(goal_index, env.goal)
-    episode = Episode(goal_index)
+    episode = PolicyEpisode(goal_index)
     for _ in range(max_steps):
         action = policy.act(obs, env.available_actions())
         if action is None:
@@ -192,7 +195,7 @@ class EvalResult:
     episodes: int
 
 
-def summarize(episodes: Sequence[Episode]) -> EvalResult:
+def summarize(episodes: Sequence[PolicyEpisode]) -> EvalResult:
     n = len(episodes)
     if n == 0:
         return EvalResult(0.0, 0.0, 0.0, 0.0, 0)
@@ -202,7 +205,7 @@ def summarize(episodes: Sequence[Episode]) -> EvalResult:
 
 
 def evaluate(shop: Shop, make_policy: Callable[[], Policy], goal_indices: Iterable[int],
-             max_steps: int = DEFAULT_MAX_STEPS) -> tuple[EvalResult, list[Episode]]:
+             max_steps: int = DEFAULT_MAX_STEPS) -> tuple[EvalResult, list[PolicyEpisode]]:
     """Roll a fresh policy over each goal; returns the summary and the episodes."""
     env = WebShopTextEnv(shop)
     policy = make_policy()

@@ -13,7 +13,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-Schedule = Callable[[jax.Array], jax.Array]
+#: σ as a function of the version (any of the classes below, or a user callable).
+SigmaSchedule = Callable[[jax.Array], jax.Array]
 
 
 def _progress(t, steps: int) -> jax.Array:
@@ -66,7 +67,7 @@ def cosine(init: float, final: float, steps: int) -> Cosine:
     return Cosine(float(init), float(final), int(steps))
 
 
-def as_schedule(sigma: float | Schedule) -> Schedule:
+def as_schedule(sigma: float | SigmaSchedule) -> SigmaSchedule:
     """A float becomes :class:`Constant`; callables pass through."""
     if callable(sigma):
         return sigma

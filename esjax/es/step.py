@@ -49,7 +49,7 @@ import optax
 
 from esjax.es import shaping as shaping_lib
 from esjax.es.noise import NoiseSpec, batched_pair_noise, path_str
-from esjax.es.schedules import Schedule, as_schedule
+from esjax.es.schedules import SigmaSchedule, as_schedule
 
 PyTree = Any
 Scale = Literal["nes", "llm"]
@@ -92,7 +92,7 @@ class ESConfig:
     """
 
     noise: NoiseSpec = NoiseSpec()
-    sigma: float | Schedule = 1e-3
+    sigma: float | SigmaSchedule = 1e-3
     learning_rate: float | Callable[[Any], Any] = 1e-3
     scale: Scale = "llm"
     shaping: str | Callable[..., Any] = "centered_ranks"

@@ -75,7 +75,7 @@ class Empirical:
 
 
 @dataclasses.dataclass(frozen=True)
-class Constant:
+class ConstantDuration:
     """Every rollout takes ``value`` (no barrier cost at all: a sanity baseline)."""
 
     value: float = 1.0
