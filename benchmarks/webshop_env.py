@@ -11,7 +11,7 @@ next page, open a hit, buy). Search is timed on the first 1,000 goals' instructi
 query, and every pruned top-50 is checked identical to exact BM25's (exit status 1 if any differs).
 The 1M run also measures a warm start from the on-disk index cache. Ratios are against the 1k catalog of the same run.
 When ../shared/webshop_small is present it also reports the real 1k catalog and the faithfulness
-numbers of issue 4 (exact purchases, oracle and random policies over the first 500 goals).
+numbers (exact purchases, oracle and random policies over the first 500 goals).
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def worker(kind: str, size: int, episodes: int, queries: int = 1000) -> dict:
 
 
 def faithfulness(shop) -> dict:
-    """Issue 4's numbers on the first 500 goals of the real small set."""
+    """Faithfulness numbers on the first 500 goals of the real small set: exact purchases, oracle, random."""
     from envs.webshop_bridge import OraclePolicy, RandomPolicy, evaluate, exact_purchase_reward
 
     first = range(min(500, len(shop.goals)))

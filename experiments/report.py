@@ -42,7 +42,7 @@ Statistics (per endpoint: the final score and the AUC; both in points of score, 
 
 Runs that failed (``failed.json``), are unfinished (no ``summary.md``), or whose records are inconsistent
 (duplicate or missing update versions, more or fewer updates than configured, no evaluation at the last
-version — the update-cascade bug of issue 16) are left out of every statistic and listed by cell and seed, as
+version, as an update cascade leaves) are left out of every statistic and listed by cell and seed, as
 are the seeds a cell lacks and the seeds that have no sync partner.
 
     python experiments/report.py --data webshop_small [--margin 3] [--runs experiments/runs] [--out DIR]

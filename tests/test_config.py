@@ -110,7 +110,7 @@ def test_extends_merges_and_detects_cycles(tmp_path):
         load_config(tmp_path / "a.yaml")
 
 
-# ------------------------------------------------------------------------------------------------ issue 22 inputs
+# ------------------------------------------------------------------------------------------------ bad inputs
 # Each bad input: `error: <one line naming the file (the parent for an inherited key) and the key>`, exit code 2,
 # and no run directory left behind. In-process through the CLI's own wrapper (run_cli), so the cases are cheap.
 

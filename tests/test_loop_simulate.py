@@ -1,4 +1,4 @@
-"""Latency simulator: the barrier's cost shows up as idle slots; async keeps slots busy (issue 5, item 4)."""
+"""Latency simulator: the barrier's cost shows up as idle slots; async keeps slots busy."""
 
 from __future__ import annotations
 

@@ -121,7 +121,7 @@ def _assert_pruned_matches_exact(engine, queries, ks=(50,)):
 
 
 def test_pruned_search_identical_to_exact_on_synthetic_goals():
-    """Issue 20: the pruned path returns exact BM25's top-k (same documents, same order, same tie
+    """The pruned path returns exact BM25's top-k (same documents, same order, same tie
     breaks) on a synthetic catalog's goal instructions, and it really prunes."""
     catalog = SyntheticCatalog(30_000, seed=3)
     engine = catalog.build_search_engine()

@@ -1,7 +1,7 @@
 """The records the loop exchanges: jobs out, results in, cohorts to the ES engine.
 
-These are the whole interface between the coordinator and whatever runs rollouts (the latency simulator
-now, the continuous-batching rollout loop later): the rollout side receives :class:`Job` s, evaluates
+These are the whole interface between the coordinator and whatever runs rollouts (the latency simulator,
+the continuous-batching rollout loop): the rollout side receives :class:`Job` s, evaluates
 member ``(version, index)`` on the job's task batch with the job's sampling seed, and hands back a
 :class:`Result` with the fitness and how long it took. Everything is plain Python / numpy so it can be
 logged, pickled and checkpointed.
