@@ -11,8 +11,6 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-import optax
-
 from esjax.agent.policy import LoadedPolicy, load_policy
 from esjax.agent.webshop import WebShopAgent
 from esjax.checkpoint import Checkpointer
@@ -92,9 +90,8 @@ def build_es_config(config: Config) -> ESConfig:
         sigma = linear(es.sigma, es.sigma_final, config.run.updates)
     else:
         sigma = cosine(es.sigma, es.sigma_final, config.run.updates)
-    optimizer = optax.sgd(es.learning_rate) if es.optimizer == "sgd" else optax.adam(es.learning_rate)
     return ESConfig(noise=noise, sigma=sigma, learning_rate=es.learning_rate, scale=es.scale,
-                    shaping=es.shaping, optimizer=optimizer, weight_decay=es.weight_decay,
+                    shaping=es.shaping, optimizer=es.optimizer, weight_decay=es.weight_decay,
                     anchor_decay=es.anchor_decay)
 
 

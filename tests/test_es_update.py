@@ -242,3 +242,22 @@ def test_gradient_memory_is_independent_of_population():
     lowrank = ESConfig(noise=NoiseSpec(mode="lowrank", rank=1))
     chunk_factors = lowrank.get_chunk_size(params, 2048) * (200 + 100) * 4
     assert temp_bytes(lowrank, 2048) < 2 * param_bytes + 8 * chunk_factors
+
+
+def test_configs_built_twice_are_equal_and_share_one_compiled_update():
+    """ESConfig holds values (optimizer by name), so the config a resume builds again equals the first: one jit
+    cache entry, no recompilation."""
+    from esjax.config import load_config
+    from esjax.parts import build_es_config
+
+    overrides = ["es.optimizer=adam", "es.weight_decay=0.01", "es.anchor_decay=0.1"]
+    first, second = (build_es_config(load_config(None, overrides)) for _ in range(2))
+    assert first == second and hash(first) == hash(second)
+    update(first, init(first, PARAMS, version=3), VERSIONS, INDICES, FITNESS)
+    from esjax.es.step import _update_jit
+
+    size = _update_jit._cache_size()
+    update(second, init(second, PARAMS, version=3), VERSIONS, INDICES, FITNESS)
+    assert _update_jit._cache_size() == size
+    with pytest.raises(ValueError, match="ESConfig.optimizer"):
+        ESConfig(optimizer="lion")

@@ -3,7 +3,7 @@
 Fitness is MAXIMIZED. The public API (functional, optax-style; ``config`` is static, everything else traced)::
 
     config = ESConfig(noise=NoiseSpec(seed=0, mode="lowrank", rank=1), sigma=1.5e-3, learning_rate=7.5e-4)
-    state = init(config, params)                                  # ESState(params, opt_state, version, anchor)
+    state = init(config, params)                                  # ESState(params, opt_state, version)
     state, metrics = update(config, state, versions, indices, fitness)   # jitted
     grad = es_gradient(config, params, versions, indices, weights)       # g = c · Σ w_i s_i ε_i
 
@@ -19,9 +19,10 @@ What one update does:
    (``scale='llm'``, the published LLM-ES convention: σ is folded into the learning rate). ``ε_i`` is the
    member's own noise from :mod:`esjax.es.noise` regenerated at its own version ``v_i`` (stale members
    keep their noise; no off-policy correction). Leaves outside the scope get zero gradient.
-3. **Step**: the optimizer (``optax.sgd(learning_rate)`` by default) receives the descent direction
-   ``-g + weight_decay·θ + anchor_decay·(θ − θ_0)`` (L2-style decays, as in OpenAI-ES; only on in-scope
-   leaves), so plain SGD gives ``θ ← θ + lr·(g − wd·θ − ad·(θ − θ_0))``.
+3. **Step**: an optax chain (:meth:`ESConfig.get_optimizer`) receives ``-g`` and adds the L2-style decays as
+   transforms, ``optax.add_decayed_weights(wd)`` and :func:`anchor_decay` ``(ad)`` (as in OpenAI-ES; masked to
+   the in-scope leaves), before the optimizer (``'sgd'`` or ``'adam'`` at ``learning_rate``, or any optax
+   transformation): plain SGD gives ``θ ← θ + lr·(g − wd·θ − ad·(θ − θ_0))``.
 
 Memory is O(params), independent of N. Members are first merged by noise draw: the two antithetic
 partners ``(v, 2j)``, ``(v, 2j+1)`` (and any duplicate) share one draw ``(v, j)`` whose combined coefficient
@@ -38,6 +39,7 @@ only on N, the parameter shapes and the (static) config — never on the values 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
@@ -53,6 +55,7 @@ from esjax.es.schedules import SigmaSchedule, as_schedule
 
 PyTree = Any
 Scale = Literal["nes", "llm"]
+OptimizerName = Literal["sgd", "adam"]
 
 MAX_LOWRANK_CHUNK = 256
 
@@ -79,13 +82,14 @@ class ESConfig:
     Attributes:
       noise: the run's :class:`~esjax.es.noise.NoiseSpec` (seed, mode, rank, antithetic, scope).
       sigma: noise scale σ, a float or a schedule of the version (:mod:`esjax.es.schedules`).
-      learning_rate: step size α (float or optax schedule) of the default SGD optimizer.
+      learning_rate: step size α (float or optax schedule) of the named optimizer.
       scale: ``'llm'`` (``c = 1/N``, σ folded into α) or ``'nes'`` (``c = 1/(Nσ)``).
       shaping: ``'centered_ranks'`` (default), ``'z_score'``, ``'raw'``, a ``fn(fitness, valid)``, or any
         evosax fitness-shaping function (negated automatically: evosax minimizes).
-      optimizer: any optax transformation; ``None`` means ``optax.sgd(learning_rate)``.
+      optimizer: ``'sgd'`` or ``'adam'`` (at ``learning_rate``): a value, so equal configs are equal and share
+        compiled programs; or any optax transformation (compared by identity: a new object recompiles).
       weight_decay: L2 coefficient toward 0 added to the descent direction.
-      anchor_decay: L2 coefficient toward the initial parameters θ_0 (kept in ``ESState.anchor``).
+      anchor_decay: L2 coefficient toward the initial parameters θ_0 (kept in the optimizer state).
       chunk_size: distinct noise draws generated together; ``None``: :func:`auto_chunk_size` (1 in full
         mode). Peak extra memory is a few × ``chunk_size`` × the largest dense leaf (full) or
         ``chunk_size·(m+n)·r`` per low-rank leaf.
@@ -96,7 +100,7 @@ class ESConfig:
     learning_rate: float | Callable[[Any], Any] = 1e-3
     scale: Scale = "llm"
     shaping: str | Callable[..., Any] = "centered_ranks"
-    optimizer: optax.GradientTransformation | None = None
+    optimizer: OptimizerName | optax.GradientTransformation = "sgd"
     weight_decay: float = 0.0
     anchor_decay: float = 0.0
     chunk_size: int | None = None
@@ -106,6 +110,9 @@ class ESConfig:
             raise TypeError(f"ESConfig.noise must be a NoiseSpec, got {type(self.noise).__name__}")
         if self.scale not in ("nes", "llm"):
             raise ValueError(f"ESConfig.scale must be 'nes' or 'llm', got {self.scale!r}")
+        if isinstance(self.optimizer, str) and self.optimizer not in ("sgd", "adam"):
+            raise ValueError(f"ESConfig.optimizer must be 'sgd', 'adam' or an optax transformation, got "
+                             f"{self.optimizer!r}")
         as_schedule(self.sigma)  # validates a float sigma
         shaping_lib.get_shaping(self.shaping)  # validates the name
         if self.weight_decay < 0 or self.anchor_decay < 0:
@@ -119,7 +126,20 @@ class ESConfig:
         return jnp.asarray(as_schedule(self.sigma)(jnp.asarray(version, jnp.int32)), jnp.float32)
 
     def get_optimizer(self) -> optax.GradientTransformation:
-        return self.optimizer if self.optimizer is not None else optax.sgd(self.learning_rate)
+        """The step as an optax chain: the decays (in-scope leaves only), then the optimizer."""
+        if self.optimizer == "sgd":
+            base = optax.sgd(self.learning_rate)
+        elif self.optimizer == "adam":
+            base = optax.adam(self.learning_rate)
+        else:
+            base = self.optimizer
+        decays = []
+        mask = functools.partial(scope_mask, self.noise)
+        if self.weight_decay:
+            decays.append(optax.add_decayed_weights(self.weight_decay, mask=mask))
+        if self.anchor_decay:
+            decays.append(optax.masked(anchor_decay(self.anchor_decay), mask))
+        return optax.chain(*decays, base) if decays else base
 
     def get_chunk_size(self, params: PyTree, n: int) -> int:
         """Draws per chunk for a cohort of ``n`` members on ``params`` (explicit or automatic)."""
@@ -130,18 +150,44 @@ class ESConfig:
 
 
 class ESState(NamedTuple):
-    """Parameters θ_t, optimizer state, version ``t`` (int32 scalar) and θ_0 (``None`` without anchor decay)."""
+    """Parameters θ_t, optimizer state (with θ_0 under anchor decay) and version ``t`` (int32 scalar)."""
 
     params: PyTree
     opt_state: optax.OptState
     version: jax.Array
-    anchor: PyTree | None = None
 
 
 def init(config: ESConfig, params: PyTree, version: int = 0) -> ESState:
-    """Initial state at ``version`` (0 for a fresh run). Keeps θ_0 only if ``anchor_decay > 0``."""
-    anchor = jax.tree_util.tree_map(jnp.array, params) if config.anchor_decay > 0 else None
-    return ESState(params, config.get_optimizer().init(params), jnp.asarray(version, jnp.int32), anchor)
+    """Initial state at ``version`` (0 for a fresh run)."""
+    return ESState(params, config.get_optimizer().init(params), jnp.asarray(version, jnp.int32))
+
+
+class AnchorState(NamedTuple):
+    anchor: PyTree  # θ_0
+
+
+def anchor_decay(coefficient: float) -> optax.GradientTransformation:
+    """Adds ``coefficient · (θ − θ_0)`` to the updates: L2 decay toward the parameters the state was initialised
+    with (θ_0, kept in the transformation's state), computed in float32."""
+
+    def init_fn(params: PyTree) -> AnchorState:
+        return AnchorState(jax.tree_util.tree_map(jnp.array, params))
+
+    def update_fn(updates: PyTree, state: AnchorState, params: PyTree | None = None):
+        if params is None:
+            raise ValueError("anchor_decay needs the parameters (optax's update(updates, state, params))")
+        updates = jax.tree_util.tree_map(
+            lambda u, p, p0: u + coefficient * (p.astype(jnp.float32) - p0.astype(jnp.float32)),
+            updates, params, state.anchor)
+        return updates, state
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def scope_mask(spec: NoiseSpec, params: PyTree) -> PyTree:
+    """``params``' structure with True on the leaves the noise scope perturbs (the decays' optax mask)."""
+    _, in_scope, treedef = _scoped_leaves(spec, params)
+    return jax.tree_util.tree_unflatten(treedef, in_scope)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -309,17 +355,7 @@ def _update(config: ESConfig, state: ESState, versions, indices, fitness,
     coefs = member_coefficients(config, versions, weights, valid)
     grad = weighted_noise_sum(config.noise, state.params, versions, indices, coefs, config.chunk_size)
 
-    leaves, in_scope, treedef = _scoped_leaves(config.noise, state.params)
-    anchors = jax.tree_util.tree_leaves(state.anchor) if state.anchor is not None else [None] * len(leaves)
-    descent = []
-    for (_, theta), g, theta0, scoped in zip(leaves, jax.tree_util.tree_leaves(grad), anchors, in_scope):
-        d = -g
-        if scoped and config.weight_decay:
-            d = d + config.weight_decay * theta.astype(jnp.float32)
-        if scoped and config.anchor_decay and theta0 is not None:
-            d = d + config.anchor_decay * (theta.astype(jnp.float32) - theta0.astype(jnp.float32))
-        descent.append(d)
-    descent = jax.tree_util.tree_unflatten(treedef, descent)
+    descent = jax.tree_util.tree_map(jnp.negative, grad)  # the decays are transforms of the optimizer chain
     updates, opt_state = config.get_optimizer().update(descent, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
 
@@ -344,7 +380,7 @@ def _update(config: ESConfig, state: ESState, versions, indices, fitness,
         "lag_mean": jnp.mean(lags),
         "lag_max": jnp.max(lags),
     }
-    return ESState(params, opt_state, state.version + 1, state.anchor), metrics
+    return ESState(params, opt_state, state.version + 1), metrics
 
 
 _update_jit = jax.jit(_update, static_argnums=0)
