@@ -1,29 +1,38 @@
-"""Generate RELIABILITY.md from the rows the reliability tests record (and the soak run's report).
+"""Generate RELIABILITY.md from the committed reliability rows (and the soak run's report).
 
-``python -m tests.reliability_table`` rewrites RELIABILITY.md; ``--check`` exits 1 when it is out of date.
-Rows come from ``tests/reliability_rows/*.json`` (written by the tests, see ``tests/reliability.py``); the
-soak figures from ``benchmarks/soak_result.json`` (written by ``benchmarks/soak.py --out``).
+``python -m tests.reliability_table`` rewrites RELIABILITY.md; ``--check`` exits 1 when it is out of date;
+``--accept`` first copies the rows the last test run observed (``tmp/reliability_rows/*.json``, see
+``tests/reliability.py``) over the committed ones (``tests/reliability_rows/*.json``). The soak figures come
+from ``benchmarks/soak_result.json`` (written by ``benchmarks/soak.py --out``).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = REPO / "tests" / "reliability_rows"
+OBSERVED = REPO / "tmp" / "reliability_rows"
 SOAK = REPO / "benchmarks" / "soak_result.json"
 OUT = REPO / "RELIABILITY.md"
 AREAS = ["env", "numerical", "storage", "multi-host", "bad input"]
 
 HEADER = """# Reliability
 
-Every fault below is injected by a test, which asserts the outcome and only then records its row (see
-`tests/reliability.py`); this file is generated from those rows by `python -m tests.reliability_table`
-(and checked by `tests/test_reliability_table.py`) — do not edit it by hand. "Accepted lost" compares the
+Every fault below is injected by a test, which asserts the outcome and only then checks the row it observed
+against the one committed in `tests/reliability_rows/` (see `tests/reliability.py`); this file is generated
+from those rows by `python -m tests.reliability_table` (and checked by `tests/test_reliability_table.py`) — do
+not edit it by hand. "Accepted lost" compares the
 accepted fitness history (per-update cohorts, fitness statistics, counters, θ) before and after the fault.
 """
+
+
+def row_text(row: dict) -> str:
+    """A row's file content (stable key order)."""
+    return json.dumps(row, indent=1, sort_keys=True) + "\n"
 
 
 def _cell(text: str) -> str:
@@ -111,7 +120,22 @@ def render() -> str:
     return "\n".join([HEADER, "## Faults", "", *table, "", soak_section(), NOT_COVERED])
 
 
+def accept() -> list[str]:
+    """Copy the observed rows over the committed ones; returns the ids that changed."""
+    changed = []
+    for path in sorted(OBSERVED.glob("*.json")):
+        target = ROWS / path.name
+        if not target.is_file() or target.read_text() != path.read_text():
+            ROWS.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+            changed.append(path.stem)
+    return changed
+
+
 def main(argv: list[str]) -> int:
+    if "--accept" in argv:
+        changed = accept()
+        print(f"accepted {len(changed)} changed row(s) from {OBSERVED}: {', '.join(changed) or 'none'}")
     text = render()
     if "--check" in argv:
         current = OUT.read_text() if OUT.is_file() else ""
