@@ -25,8 +25,8 @@ HEADER = """# Reliability
 Every fault below is injected by a test, which asserts the outcome and only then checks the row it observed
 against the one committed in `tests/reliability_rows/` (see `tests/reliability.py`); this file is generated
 from those rows by `python -m tests.reliability_table` (and checked by `tests/test_reliability_table.py`) — do
-not edit it by hand. "Accepted lost" compares the
-accepted fitness history (per-update cohorts, fitness statistics, counters, θ) before and after the fault.
+not edit it by hand. "Accepted lost" compares the accepted fitness history (per-update cohorts, fitness
+statistics, counters, θ) before and after the fault.
 """
 
 
