@@ -5,6 +5,7 @@ Fitness is maximized everywhere here except in :mod:`esjax.es.evosax_compat`, wh
 """
 
 from esjax.es import schedules, shaping
+from esjax.es.gradient import auto_chunk_size, merge_draws, weighted_noise_sum
 from esjax.es.noise import (
     NoiseSpec,
     Scope,
@@ -23,18 +24,7 @@ from esjax.es.noise import (
 )
 from esjax.es.schedules import Constant, Cosine, Linear, constant, cosine, linear
 from esjax.es.shaping import centered_ranks, evosax_shaping, get_shaping, raw, shape, z_score
-from esjax.es.step import (
-    ES,
-    ESConfig,
-    ESState,
-    auto_chunk_size,
-    es_gradient,
-    init,
-    member_coefficients,
-    merge_draws,
-    update,
-    weighted_noise_sum,
-)
+from esjax.es.step import ES, ESConfig, ESState, es_gradient, init, member_coefficients, update
 
 __all__ = [
     "ES",

@@ -38,8 +38,8 @@ from flax import struct
 from jax import flatten_util
 
 from esjax.es import shaping as shaping_lib
+from esjax.es.gradient import weighted_noise_sum
 from esjax.es.noise import NoiseMode, NoiseSpec, Scope, perturbed_params
-from esjax.es.step import weighted_noise_sum
 
 PyTree = Any
 ALL_LEAVES = Scope(kind="all")

@@ -24,23 +24,15 @@ What one update does:
    the in-scope leaves), before the optimizer (``'sgd'`` or ``'adam'`` at ``learning_rate``, or any optax
    transformation): plain SGD gives ``θ ← θ + lr·(g − wd·θ − ad·(θ − θ_0))``.
 
-Memory is O(params), independent of N. Members are first merged by noise draw: the two antithetic
-partners ``(v, 2j)``, ``(v, 2j+1)`` (and any duplicate) share one draw ``(v, j)`` whose combined coefficient
-is ``Σ c_i w_i s_i``; draws with a zero coefficient (e.g. partners with tied fitness) are moved to the end.
-The draws are then accumulated in chunks of ``chunk_size`` with ``lax.scan``; an all-zero chunk is skipped
-with ``lax.cond``, so each noise tensor is generated once per distinct draw. Within a chunk all leaves'
-draws come from :func:`~esjax.es.noise.batched_pair_noise` (a few threefry kernels, not one per leaf:
-CPU compile time stays flat in the leaf count). Dense leaves add
-``tensordot(coef, ε)``; low-rank leaves add one einsum ``Σ_c coef_c A_c B_cᵀ/√r`` per chunk (a single
-einsum per leaf when the chunk covers the cohort, the low-rank default). The compiled program depends
-only on N, the parameter shapes and the (static) config — never on the values of versions or indices.
+Memory is O(params), independent of N: the weighted noise sum is :mod:`esjax.es.gradient`'s. The compiled
+program depends only on N, the parameter shapes and the (static) config — never on the values of versions or
+indices.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
@@ -50,30 +42,13 @@ import numpy as np
 import optax
 
 from esjax.es import shaping as shaping_lib
-from esjax.es.noise import NoiseSpec, batched_pair_noise, path_str
+from esjax.es.gradient import auto_chunk_size, merge_draws, scoped_leaves, weighted_noise_sum
+from esjax.es.noise import NoiseSpec
 from esjax.es.schedules import SigmaSchedule, as_schedule
 
 PyTree = Any
 Scale = Literal["nes", "llm"]
 OptimizerName = Literal["sgd", "adam"]
-
-MAX_LOWRANK_CHUNK = 256
-
-
-def auto_chunk_size(spec: NoiseSpec, shapes: list[tuple[int, ...]], n: int) -> int:
-    """Default number of draws generated together.
-
-    Full mode: 1 (each dense draw is as large as its leaf). Low-rank mode: as many as fit in the size of the
-    largest low-rank leaf, ``max(m·n) / max((m + n)·r)`` per layer, clamped to ``[1, 256]``, so the chunk's
-    factors never outweigh the parameters.
-    """
-    lowrank = [s for s in shapes if spec.is_lowrank_leaf(s)]
-    if not lowrank:
-        return 1
-    leaf = max(math.prod(s) for s in lowrank)
-    factors = max(math.prod(s[:-2]) * (s[-2] + s[-1]) * spec.rank for s in lowrank)
-    return max(1, min(MAX_LOWRANK_CHUNK, leaf // factors, n))
-
 
 @dataclasses.dataclass(frozen=True)
 class ESConfig:
@@ -145,7 +120,7 @@ class ESConfig:
         """Draws per chunk for a cohort of ``n`` members on ``params`` (explicit or automatic)."""
         if self.chunk_size is not None:
             return max(1, min(self.chunk_size, n))
-        leaves, in_scope, _ = _scoped_leaves(self.noise, params)
+        leaves, in_scope, _ = scoped_leaves(self.noise, params)
         return auto_chunk_size(self.noise, [tuple(x.shape) for (_, x), s in zip(leaves, in_scope) if s], n)
 
 
@@ -186,101 +161,8 @@ def anchor_decay(coefficient: float) -> optax.GradientTransformation:
 
 def scope_mask(spec: NoiseSpec, params: PyTree) -> PyTree:
     """``params``' structure with True on the leaves the noise scope perturbs (the decays' optax mask)."""
-    _, in_scope, treedef = _scoped_leaves(spec, params)
+    _, in_scope, treedef = scoped_leaves(spec, params)
     return jax.tree_util.tree_unflatten(treedef, in_scope)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Σ coef_i s_i ε_i with O(params) memory
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _scoped_leaves(spec: NoiseSpec, params: PyTree) -> tuple[list[tuple[str, Any]], list[bool], Any]:
-    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
-    leaves = [(path_str(kp), leaf) for kp, leaf in flat]
-    in_scope = [spec.scope.contains(path, leaf) for path, leaf in leaves]
-    return leaves, in_scope, treedef
-
-
-def merge_draws(spec: NoiseSpec, versions: jax.Array, indices: jax.Array, coefs: jax.Array):
-    """Merge members by noise draw: ``(draw_versions[N], draw_pairs[N], draw_coefs[N])``.
-
-    Each distinct ``(version, pair)`` appears once with coefficient ``Σ coef_i s_i`` of its members; draws
-    with a zero coefficient (and the padding) come last. Traced-shape-only: works under jit.
-    """
-    n = versions.shape[0]
-    pairs, signs = spec.pair_and_sign(indices)
-    signed = coefs.astype(jnp.float32) * signs
-    order = jnp.lexsort((pairs, versions))
-    v_s, p_s, c_s = versions[order], pairs[order], signed[order]
-    starts = jnp.concatenate([jnp.ones((1,), bool), (v_s[1:] != v_s[:-1]) | (p_s[1:] != p_s[:-1])])
-    segment = jnp.cumsum(starts.astype(jnp.int32)) - 1
-    merged = jax.ops.segment_sum(c_s, segment, num_segments=n)
-    first = jnp.nonzero(starts, size=n, fill_value=0)[0]
-    d_v, d_p = v_s[first], p_s[first]
-    live = jnp.argsort(merged == 0, stable=True)
-    return d_v[live], d_p[live], merged[live]
-
-
-def _chunk_sums(spec: NoiseSpec, scoped: list[tuple[str, tuple[int, ...]]], v, p, c) -> list[jax.Array]:
-    """``Σ_c coef_c · draw_c`` for every scoped leaf, with all draws from a few threefry kernels."""
-    sums = []
-    for (_, shape), draws in zip(scoped, batched_pair_noise(spec, scoped, v, p)):
-        if spec.is_lowrank_leaf(shape):
-            a, b = draws
-            a = a * c.reshape((-1,) + (1,) * (a.ndim - 1))
-            sums.append(jnp.einsum("c...mr,c...nr->...mn", a, b) / math.sqrt(spec.rank))
-        else:
-            sums.append(jnp.tensordot(c, draws, axes=1))
-    return sums
-
-
-def weighted_noise_sum(spec: NoiseSpec, params: PyTree, versions, indices, coefs,
-                       chunk_size: int | None = None) -> PyTree:
-    """``Σ_i coef_i · s_i ε_i`` as a float32 tree like ``params`` (zeros outside the scope).
-
-    ``ε_i`` is exactly what :func:`~esjax.es.noise.member_noise` gives member ``(versions[i], indices[i])``
-    (low-rank product for ≥2-axis leaves in low-rank mode, dense otherwise). See the module docstring for
-    how draws are shared and chunked.
-    """
-    versions = jnp.asarray(versions, jnp.int32).reshape(-1)
-    indices = jnp.asarray(indices, jnp.int32).reshape(-1)
-    coefs = jnp.asarray(coefs, jnp.float32).reshape(-1)
-    n = versions.shape[0]
-    leaves, in_scope, treedef = _scoped_leaves(spec, params)
-    # Accumulators start from the parameters (θ·0, NaN-safe) so sharding propagation lays the gradient out
-    # like θ instead of replicating it.
-    acc0 = [jnp.nan_to_num(leaf.astype(jnp.float32) * 0.0) for (_, leaf), s in zip(leaves, in_scope) if s]
-    scoped = [(path, tuple(leaf.shape)) for (path, leaf), s in zip(leaves, in_scope) if s]
-    if scoped and n:
-        chunk = chunk_size or auto_chunk_size(spec, [shape for _, shape in scoped], n)
-        chunk = max(1, min(chunk, n))
-        d_v, d_p, d_c = merge_draws(spec, versions, indices, coefs)
-        pad = (-n) % chunk
-        if pad:
-            d_v, d_p = (jnp.concatenate([x, jnp.zeros((pad,), jnp.int32)]) for x in (d_v, d_p))
-            d_c = jnp.concatenate([d_c, jnp.zeros((pad,), jnp.float32)])
-        xs = tuple(x.reshape(-1, chunk) for x in (d_v, d_p, d_c))
-
-        def add(acc, v, p, c):
-            return [a + d for a, d in zip(acc, _chunk_sums(spec, scoped, v, p, c))]
-
-        def body(acc, x):
-            v, p, c = x
-            return jax.lax.cond(jnp.any(c != 0), lambda a: add(a, v, p, c), lambda a: a, acc), None
-
-        if xs[0].shape[0] == 1:
-            acc0, _ = body(acc0, tuple(x[0] for x in xs))
-        else:
-            acc0, _ = jax.lax.scan(body, acc0, xs)
-    it = iter(acc0)
-    out = [next(it) if s else jnp.zeros(jnp.shape(leaf), _grad_dtype(leaf)) for (_, leaf), s in zip(leaves, in_scope)]
-    return jax.tree_util.tree_unflatten(treedef, out)
-
-
-def _grad_dtype(leaf: Any):
-    dtype = getattr(leaf, "dtype", jnp.float32)
-    return jnp.float32 if jnp.issubdtype(dtype, jnp.floating) else dtype
 
 
 def member_coefficients(config: ESConfig, versions, weights, valid=None) -> jax.Array:

@@ -37,7 +37,7 @@ from esjax.model.sharding import CACHE_AXES, DATA, MODEL, logical_to_spec
 GiB = 1 << 30
 Optimizer = Literal["sgd", "momentum", "adam"]
 FULL_CHUNK = 4  # dense draws alive at once in full mode (esjax.es.step generates 1 per chunk by default; 4: headroom)
-LOWRANK_CHUNK = 256  # esjax.es.step.MAX_LOWRANK_CHUNK
+LOWRANK_CHUNK = 256  # esjax.es.gradient.MAX_LOWRANK_CHUNK
 
 
 def parse_bytes(text: str | int | float) -> int:
