@@ -59,7 +59,8 @@ class RunSection(_Section):
                                   description="orbax checkpoint every C updates (and at the end)")
     keep_checkpoints: int = Field(3, ge=1, le=100_000)
     run_dir: str | None = Field(None, description="default: runs/<name>-<timestamp>")
-    deterministic: bool = Field(True, description="fixed tick order: bit-identical reruns")
+    deterministic: Literal[True] = Field(True, description="the tick order is always fixed: reruns and resumes are "
+                                                         "bit-identical (kept so configs that state it stay valid)")
     tensorboard: bool = Field(False, description="mirror every record's numbers to TensorBoard (<run_dir>/tensorboard; "
                                                 "needs pip install 'esjax[tb]')")
     wandb: bool = Field(False, description="mirror every record's numbers to a Weights & Biases run (needs pip install "

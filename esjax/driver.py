@@ -27,6 +27,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ import numpy as np
 from esjax.checkpoint import Checkpointer
 from esjax.cli_util import UserError
 from esjax.config import Config, ConfigError
+from esjax.es.step import ESState
 from esjax.inflight import Evaluation, JobProgress, LoopCounters, SinceUpdate
 from esjax.loop.coordinator import Coordinator, RejectedUpdate
 from esjax.loop.engine import ESUpdate
@@ -308,7 +310,7 @@ class Trainer:
                      "at_version": self.version, "tick": self.counters.tick, "wall_time": self.wall_time(),
                      **fields})
 
-    def _check_constant_fitness(self, fitness: Any, version: int) -> None:
+    def _check_constant_fitness(self, fitness: Sequence[float], version: int) -> None:
         """A cohort whose (finite) fitnesses are all equal gives a zero ES gradient (no learning signal). Each such
         update gets a ``constant_fitness`` event record (counted in summary.md); the first one in this process
         also prints a warning; ``run.max_constant_fitness_updates`` of them in a row end the run here."""
@@ -451,7 +453,7 @@ class Trainer:
             self._progress.eval(record)
 
     # ----------------------------------------------------------------------------------------- state
-    def _es_update(self, state: Any) -> ESUpdate:
+    def _es_update(self, state: ESState) -> ESUpdate:
         """The ES update the loop applies to each complete cohort: on a multi-device mesh, the sharded
         program (θ stays sharded)."""
         update_fn = None

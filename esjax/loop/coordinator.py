@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from esjax.loop.schedules import Schedule
 from esjax.loop.tasks import TaskSampler
 from esjax.loop.types import Cohort, Job, Member, Result, TaskBatch, UpdateFn, UpdateRecord, Verdict
 
@@ -163,7 +164,8 @@ class Coordinator:
       state: a restored :class:`CoordinatorState` (resume), else a fresh one.
     """
 
-    def __init__(self, config: CoordinatorConfig, schedule: Any, *, state: CoordinatorState | None = None) -> None:
+    def __init__(self, config: CoordinatorConfig, schedule: Schedule, *, state: CoordinatorState | None = None
+                 ) -> None:
         schedule.validate(config)
         self.config = config
         self.schedule = schedule
@@ -454,7 +456,7 @@ class Coordinator:
         return self.state.to_dict()
 
     @classmethod
-    def from_state_dict(cls, config: CoordinatorConfig, schedule: Any, data: Mapping[str, Any]) -> Coordinator:
+    def from_state_dict(cls, config: CoordinatorConfig, schedule: Schedule, data: Mapping[str, Any]) -> Coordinator:
         return cls(config, schedule, state=CoordinatorState.from_dict(data))
 
 

@@ -2,7 +2,7 @@
 
 A new task plugs in by implementing these (the WebShop bridge's ``EnvPool`` and ``esjax.agent.WebShopAgent``
 are the reference implementations); the loop itself never imports a task. The staleness schedule's seam is
-:class:`esjax.loop.schedules.StalenessSchedule`.
+:class:`esjax.loop.schedules.Schedule`.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from esjax.loop.tasks import hash_uniform
 from esjax.loop.types import Verdict
@@ -242,7 +242,7 @@ class ExtremeLag:
         return Verdict.HOLD if coord.version - result.version < target else Verdict.ACCEPT
 
 
-def make_schedule(kind: str, *, lag: int = 0, fraction: float = 0.0, max_lag: int = 1) -> Any:
+def make_schedule(kind: str, *, lag: int = 0, fraction: float = 0.0, max_lag: int = 1) -> Schedule:
     """A schedule by name, as in the run config's ``schedule`` section (kind, lag, stale_fraction, max_lag)."""
     if kind == "sync":
         return Sync()
