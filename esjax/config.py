@@ -10,6 +10,9 @@ CLI can print it and exit non-zero without a traceback:
   so are an empty file, bytes that are not UTF-8 and an ``extends:`` naming a missing file;
 * a key inherited through ``extends:`` is blamed on the file that set it; a ``--set`` override on itself;
 * regular expressions are compiled and schedule parameter combinations checked here, before anything runs.
+
+One module (~510 lines): the sections are the schema of one file format, and the loading, overriding and error
+reporting above serve them all.
 """
 
 from __future__ import annotations

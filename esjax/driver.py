@@ -1,4 +1,4 @@
-"""The trainer behind ``python -m esjax.run``: builds the parts from a config and runs the async ES loop.
+"""The training loop behind ``python -m esjax.run``: :meth:`Trainer.run` is the algorithm, step by step.
 
 One tick of the loop: refill free rollout slots with jobs from the coordinator (the schedule decides at
 which versions), let every live episode act (one batched policy call per live version), roll finished
@@ -20,6 +20,11 @@ record per (kind, version). When the run ends, every job still in flight, every 
 unapplied cohort is cancelled (``dispatched == accepted + discarded + cancelled``), an ``end`` record
 carries the coordinator's final totals, and the last checkpoint is re-saved as finished: resuming a
 finished run changes nothing.
+
+This module (~530 lines) is the loop and the bookkeeping of its episodes (retries of failed ones, evaluation
+rows and their traces), which read and write the same loop state; what does not — building the parts, the run
+directory, the in-flight records and their serialisation — lives in :mod:`esjax.parts`, :mod:`esjax.rundir` and
+:mod:`esjax.inflight`.
 """
 
 from __future__ import annotations

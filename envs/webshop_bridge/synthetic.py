@@ -17,6 +17,8 @@ Goals are one per product x option combination (option names sorted, as in WebSh
 follow WebShop's rule (larger of two distinct draws among the first four multiples of $10 above the
 price), and the goal order is a seeded permutation. ``write_raw`` saves a catalog as WebShop's
 ``items_shuffle`` / ``items_ins_v2`` JSON files, which ``load_webshop`` reads back to the same products.
+
+Most of its ~620 lines are the category vocabularies (word lists), not logic.
 """
 
 from __future__ import annotations

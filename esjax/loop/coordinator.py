@@ -29,6 +29,9 @@ The driver loop (see :func:`apply_cohorts` for the minimal one)::
 It never looks at a clock or a thread: given the same sequence of calls it makes the same decisions, and
 its whole state is a plain dataclass (:meth:`state_dict`) so a checkpoint keeps accepted-but-not-applied
 fitness (a complete cohort included), held results and every counter.
+
+It is one module (~480 lines) because dispatch, triage, cohorts and their counters are one state machine over
+one state; the schedules that steer it are :mod:`esjax.loop.schedules`.
 """
 
 from __future__ import annotations

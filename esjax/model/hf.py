@@ -5,6 +5,9 @@ Loading reads each tensor lazily with safetensors' ``safe_open`` and places it w
 memory-mapped file, transposed from HF's ``[out, in]`` to our ``[in, out]``), so no full host copy of the
 model is built per device. Layers are stacked on the fly. Export writes the same HF layout
 (``model.safetensors`` or shards + ``model.safetensors.index.json``) that ``transformers`` loads.
+
+Import and export share one module (~410 lines): the name mapping and the transposes must be each other's
+inverse, and keeping them side by side is how they stay so.
 """
 
 from __future__ import annotations
