@@ -119,12 +119,18 @@ def _skip_asin(asin: str, seen: set[str]) -> bool:
 
 # ---------------------------------------------------------------------------------- attribute files
 
-def load_attribute_file(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """``items_ins_v2*.json``: ASIN -> {attributes, instruction?, instruction_attributes?}, validated."""
+def _asin_map(path: str | os.PathLike, values: str) -> tuple[dict[str, Any], str]:
+    """A JSON file holding one object keyed by ASIN (and the file's name for errors)."""
     data = read_json(path)
     file = str(path)
     if not isinstance(data, dict):
-        raise DataError(file, f"expected an object mapping ASIN to entries, got {type(data).__name__}")
+        raise DataError(file, f"expected an object mapping ASIN to {values}, got {type(data).__name__}")
+    return data, file
+
+
+def load_attribute_file(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """``items_ins_v2*.json``: ASIN -> {attributes, instruction?, instruction_attributes?}, validated."""
+    data, file = _asin_map(path, "entries")
     for asin, entry in data.items():
         if not isinstance(entry, dict):
             raise DataError(file, "expected an object", record=asin)
@@ -138,10 +144,7 @@ def load_attribute_file(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
 
 def load_human_instructions(path: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
     """``items_human_ins.json``: ASIN -> [{instruction, instruction_attributes, instruction_options}]."""
-    data = read_json(path)
-    file = str(path)
-    if not isinstance(data, dict):
-        raise DataError(file, f"expected an object mapping ASIN to lists, got {type(data).__name__}")
+    data, file = _asin_map(path, "lists")
     for asin, entries in data.items():
         if not isinstance(entries, list):
             raise DataError(file, "expected a list of instructions", record=asin)
