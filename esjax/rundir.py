@@ -70,10 +70,17 @@ def session(overrides: list[str] | None) -> dict[str, Any]:
 def run_metadata(config: Config, overrides: list[str] | None = None) -> dict[str, Any]:
     import flax
 
+    from esjax.model.sharding import MeshError, mesh_shape
+
+    try:  # the mesh the run will use (mesh.data = 0 resolved); an impossible one is the trainer's error to report
+        data, model = mesh_shape(config.mesh.data, config.mesh.model, len(jax.devices()))
+        mesh = {"data": data, "model": model}
+    except MeshError:
+        mesh = None
     return {"esjax": esjax.__version__, "jax": jax.__version__, "jaxlib": jax.lib.__version__
             if hasattr(jax.lib, "__version__") else None, "flax": flax.__version__, "optax": optax.__version__,
             "python": sys.version.split()[0], "platform": platform.platform(), "seed": config.run.seed,
-            "device_kind": jax.devices()[0].device_kind, **session(overrides)}
+            "device_kind": jax.devices()[0].device_kind, "mesh": mesh, **session(overrides)}
 
 
 def record_resume(run_dir: Path, overrides: list[str] | None) -> None:

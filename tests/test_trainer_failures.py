@@ -50,7 +50,7 @@ def test_constant_fitness_is_warned_once_and_counted_and_the_run_is_recorded(tmp
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
     expected = head.stdout.strip() if head.returncode == 0 else "unknown"
     assert meta["git_commit"] == expected and meta["overrides"] == overrides
-    assert meta["machine"]["cores"] and meta["machine"]["cpu"]
+    assert meta["machine"]["cores"] and meta["machine"]["cpu"] and meta["mesh"] == {"data": 1, "model": 1}
     assert f"- commit: {expected}" in summary and "`--set env.max_steps=1`" in summary
     assert f"- machine: {meta['machine']['cpu']}" in summary
 
