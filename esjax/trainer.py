@@ -93,7 +93,10 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
         if resume and checkpointer.steps():
             step = trainer.restore(checkpointer)
             if trainer.restored_records is not None:  # drop what was written after the checkpoint
-                truncate_records(metrics_path, trainer.restored_records)
+                kept = trainer.restored_records
+                if trainer.counters.finished and trainer.version < config.run.updates:
+                    kept -= 1  # a finished run extended: its end record (the last before that save) is redone
+                truncate_records(metrics_path, kept)
             else:  # a checkpoint from before record counting
                 truncate_after(metrics_path, step)
         else:
@@ -106,6 +109,8 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
         writer = MetricsWriter(run_dir, config.run.tensorboard, wandb)
         if resume:
             record_resume(run_dir, overrides)
+            if overrides:  # config.yaml says what the run is now (e.g. an extended run.updates)
+                (run_dir / CONFIG_FILE).write_text(config_to_yaml(config))
     except BaseException as err:
         for part in (writer, checkpointer):
             if part is not None:

@@ -75,6 +75,8 @@ def test_resume_with_more_updates_extends_a_finished_run(finished, tmp_path):
     assert [r["version"] for r in records if r["kind"] == "update"] == [1, 2, 3]
     assert [r["version"] for r in records if r["kind"] == "eval"] == [0, 1, 2, 3]
     assert records[-1]["kind"] == "end" and records[-1]["version"] == 3
+    assert [r["version"] for r in records if r["kind"] == "end"] == [3]  # the first run's end record is redone
+    assert "updates: 3" in (run_dir / "config.yaml").read_text()  # the run directory says what it holds now
     walls = _walls(records)
     assert walls == sorted(walls) and walls[-1] > end_wall
     assert (run_dir / "checkpoints" / "3").is_dir()
