@@ -1,14 +1,94 @@
-"""Test-session settings shared by every test (and inherited by the subprocesses tests start)."""
+"""Test-session settings shared by every test (and inherited by the subprocesses tests start), and the
+helpers several test files share: child-process environments (simulated CPU devices included), a runner
+for child Python processes, and free local ports.
+
+The multi-device harness: JAX fixes its device count when it starts, so a test that needs a mesh of ``n``
+simulated CPU devices runs its script in a child process started by :func:`run_python` with
+``devices=n`` (``XLA_FLAGS=--xla_force_host_platform_device_count=n``); the fixtures below hand these
+helpers to tests (session-scoped: they hold no state).
+"""
 
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
 
 # A persistent XLA compilation cache: the suite compiles the same small programs in many processes
 # (subprocess CLI runs, simulated-device meshes); reusing them cuts the suite's wall time severalfold.
 _CACHE = Path(os.environ.get("ESJAX_TEST_XLA_CACHE", Path(tempfile.gettempdir()) / "esjax-test-xla-cache"))
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_CACHE))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+_CACHE_SETTINGS = {
+    "JAX_COMPILATION_CACHE_DIR": str(_CACHE),
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+}
+for _key, _value in _CACHE_SETTINGS.items():
+    os.environ.setdefault(_key, _value)
+
+#: XLA CPU flags that roughly halve compile time of the multi-device scripts (results unchanged there).
+FAST_XLA = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
+def subprocess_env(*, devices: int | None = None, fast: bool = False, xla_flags: str = "",
+                   **extra: str) -> dict[str, str]:
+    """Environment of a child Python process: the repository importable, JAX on CPU with ``devices``
+    simulated devices (default: one), :data:`FAST_XLA` if ``fast``, and ``xla_flags``; none of this process's
+    ``ESJAX_*`` / ``JAX_*`` / ``XLA_FLAGS`` settings except the shared compilation cache; ``extra`` last."""
+    env = {k: v for k, v in os.environ.items()
+           if k in _CACHE_SETTINGS or (not k.startswith(("ESJAX_", "JAX_")) and k != "XLA_FLAGS")}
+    flags = " ".join(filter(None, [FAST_XLA if fast else "", xla_flags,
+                                   f"--xla_force_host_platform_device_count={devices}" if devices else ""]))
+    env.update({"PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", ""), "JAX_PLATFORMS": "cpu"})
+    if flags:
+        env["XLA_FLAGS"] = flags
+    env.update(extra)
+    return env
+
+
+def run_python(code: str | Sequence[str], *args: str | Path, devices: int | None = None, fast: bool = False,
+               xla_flags: str = "", env: dict[str, str] | None = None, cwd: Path | str = REPO, timeout: float = 600,
+               check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``python -c code *args`` (a string) or ``python *code *args`` (a sequence, e.g. ``["-m", "esjax.run"]``)
+    in a child process with :func:`subprocess_env` (``env`` adds to it), capturing text output. With ``check``
+    the test fails, showing the tail of both streams, unless the child exits 0."""
+    argv = [sys.executable, "-c", code] if isinstance(code, str) else [sys.executable, *code]
+    proc = subprocess.run([*argv, *map(str, args)], env=subprocess_env(devices=devices, fast=fast, xla_flags=xla_flags,
+                                                                        **(env or {})),
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        pytest.fail(f"child process exited {proc.returncode}: {' '.join(argv[1:2])} ...\n"
+                    f"STDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def free_port() -> int:
+    """A local TCP port nobody listens on right now (for a child's distributed coordinator)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def python_child() -> Callable[..., subprocess.CompletedProcess]:
+    """:func:`run_python`: a child Python process, e.g. ``python_child(SCRIPT, out, devices=8)`` for a mesh."""
+    return run_python
+
+
+@pytest.fixture(scope="session")
+def child_env() -> Callable[..., dict[str, str]]:
+    """:func:`subprocess_env`, for children started with ``subprocess.Popen`` (several processes at once)."""
+    return subprocess_env
+
+
+@pytest.fixture
+def port() -> int:
+    """:func:`free_port`."""
+    return free_port()

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -231,16 +228,11 @@ _SHARDED_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_noise_bit_identical_with_8_sharded_devices(tmp_path):
+def test_noise_bit_identical_with_8_sharded_devices(tmp_path, python_child):
     from esjax.es.step import ESConfig, es_gradient
 
-    script = tmp_path / "sharded.py"
-    script.write_text(_SHARDED_SCRIPT)
     result = tmp_path / "out.json"
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, str(script), str(result)], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    python_child(_SHARDED_SCRIPT, result, devices=8, timeout=300)
     out = json.loads(result.read_text())
     shapes = {"layers": (4, 16, 24), "norm": (16,)}
     params = {k: jnp.zeros(s) for k, s in shapes.items()}

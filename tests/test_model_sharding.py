@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
-import pytest
 from jax.sharding import PartitionSpec as P
 
 from esjax.model.sharding import LOGICAL_RULES, logical_to_spec
@@ -69,14 +65,6 @@ def test_logical_rules_replicate_what_does_not_divide():
     assert dict(LOGICAL_RULES)["vocab"] == "model" and dict(LOGICAL_RULES)["batch"] == "data"
 
 
-def test_sharded_forward_and_generate_match_single_device(tmp_path):
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900,
-                          cwd=tmp_path)
-    if proc.returncode != 0:
-        pytest.fail(f"subprocess failed:\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}")
+def test_sharded_forward_and_generate_match_single_device(tmp_path, python_child):
+    proc = python_child(SCRIPT, devices=8, cwd=tmp_path, timeout=900)
     assert proc.stdout.strip().endswith("OK")

@@ -4,9 +4,7 @@ clear error within a bounded time instead of hanging in the collective."""
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -34,26 +32,13 @@ _TICKS = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ESJAX_", "JAX_"))}
-    env.update({"PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", ""), "JAX_PLATFORMS": "cpu", **extra})
-    return env
-
-
-def test_sigkilled_peer_stops_the_survivor_within_a_bounded_time(tmp_path):
-    port = _free_port()
+def test_sigkilled_peer_stops_the_survivor_within_a_bounded_time(tmp_path, child_env, port):
     logs = [(tmp_path / f"out{p}.txt", tmp_path / f"err{p}.txt") for p in range(2)]
     procs = [subprocess.Popen([sys.executable, "-c", _TICKS], cwd=REPO, stdout=logs[p][0].open("w"),
                               stderr=logs[p][1].open("w"),
-                              env=_env(ESJAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", ESJAX_NUM_PROCESSES="2",
-                                       ESJAX_PROCESS_ID=str(p), ESJAX_INIT_TIMEOUT="120",
-                                       ESJAX_HEARTBEAT_TIMEOUT=str(HEARTBEAT)))
+                              env=child_env(ESJAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", ESJAX_NUM_PROCESSES="2",
+                                            ESJAX_PROCESS_ID=str(p), ESJAX_INIT_TIMEOUT="120",
+                                            ESJAX_HEARTBEAT_TIMEOUT=str(HEARTBEAT)))
              for p in range(2)]
     try:
         deadline = time.monotonic() + 300

@@ -5,18 +5,12 @@ the compiled update)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from esjax.plan import BUILTIN, plan_memory, resolve_model
 from esjax.plan.memory import parse_bytes
-
-REPO = Path(__file__).resolve().parents[1]
 
 PUBLISHED_PARAMS = {"Qwen2.5-0.5B": 494_032_768, "Qwen2.5-1.5B": 1_543_714_304, "Qwen2.5-3B": 3_085_938_688,
                     "Qwen2.5-7B": 7_615_616_512, "Llama-3.2-1B": 1_235_814_400}
@@ -54,14 +48,12 @@ def test_plan_scales_with_mesh_lag_and_mode():
     assert parse_bytes("80GB") == 80 * 10**9 and parse_bytes("16GiB") == 16 << 30
 
 
-def test_cli_prints_the_plan_and_fails_cleanly():
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
-    cmd = [sys.executable, "-m", "esjax.plan", "--model", "Qwen2.5-0.5B", "--mesh", "data=2,model=1",
+def test_cli_prints_the_plan_and_fails_cleanly(python_child):
+    cmd = ["-m", "esjax.plan", "--model", "Qwen2.5-0.5B", "--mesh", "data=2,model=1",
            "--population", "30", "--max-lag", "1", "--device-memory", "24GB"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    proc = python_child(cmd, timeout=120)
     assert "FITS" in proc.stdout and "KV cache (30 rows x 2048 slots)" in proc.stdout
-    bad = subprocess.run(cmd[:5] + ["--mesh", "data=2,pipe=2"], env=env, capture_output=True, text=True, timeout=120)
+    bad = python_child(cmd[:4] + ["--mesh", "data=2,pipe=2"], timeout=120, check=False)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
 
 
@@ -101,11 +93,8 @@ _MEASURE = textwrap.dedent("""
 """)
 
 
-def test_planner_matches_measured_device_bytes_of_a_small_model():
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"}
-    proc = subprocess.run([sys.executable, "-c", _MEASURE], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_planner_matches_measured_device_bytes_of_a_small_model(python_child):
+    proc = python_child(_MEASURE, devices=8, xla_flags="--xla_backend_optimization_level=0", timeout=300)
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["params_planned"] == got["params_measured"]
     assert got["cache_planned"] == got["cache_measured"]

@@ -10,8 +10,6 @@ reference runs under the same flags).
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,15 +19,7 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-FAST_XLA = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 TOL = 1e-5
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ESJAX_", "JAX_"))}
-    env.update({"PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", ""), "JAX_PLATFORMS": "cpu",
-                "XLA_FLAGS": FAST_XLA, **extra})
-    return env
 
 
 def _json_lines(text: str) -> list[dict]:
@@ -47,12 +37,11 @@ def _max_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict[str, np.ndarray]:
+def reference(tmp_path_factory, python_child) -> dict[str, np.ndarray]:
     """θ after the 3-update run on a single device (one process, no distributed runtime)."""
     out = tmp_path_factory.mktemp("ref") / "ref.npz"
-    proc = subprocess.run([sys.executable, "-m", "esjax.parallel.smoke", "--mesh", "data=1,model=1", "--out",
-                           str(out)], env=_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = python_child(["-m", "esjax.parallel.smoke", "--mesh", "data=1,model=1", "--out", out], fast=True,
+                        timeout=300)
     (line,) = _json_lines(proc.stdout)
     assert line["version"] == 3 and line["lag_hist"][1] > 0  # stale members were applied
     return _load(out)
@@ -91,11 +80,8 @@ _MESH_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_sharded_meshes_match_single_device_and_keep_params_sharded(reference, tmp_path):
-    proc = subprocess.run([sys.executable, "-c", _MESH_SCRIPT, str(tmp_path)], cwd=REPO, capture_output=True,
-                          text=True, timeout=600,
-                          env=_env(XLA_FLAGS=FAST_XLA + " --xla_force_host_platform_device_count=8"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_sharded_meshes_match_single_device_and_keep_params_sharded(reference, tmp_path, python_child):
+    proc = python_child(_MESH_SCRIPT, tmp_path, devices=8, fast=True, timeout=600)
     (info,) = _json_lines(proc.stdout)
     for name in ("2x4", "8x1"):
         got = _load(tmp_path / f"{name}.npz")
@@ -115,19 +101,12 @@ def test_sharded_meshes_match_single_device_and_keep_params_sharded(reference, t
     assert info["8x1"]["max_device_bytes"] == info["8x1"]["total_bytes"]  # pure data parallel: replicated θ
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_two_processes_match_one_process_and_share_a_checkpoint(reference, tmp_path):
+def test_two_processes_match_one_process_and_share_a_checkpoint(reference, tmp_path, child_env, port):
     """Capacity 1 per exchange round: ticks where a process finished several rows take several rounds."""
-    port = _free_port()
     run_dir, out = tmp_path / "run", tmp_path / "mp.npz"
     procs = []
     for pid in range(2):
-        env = _env(ESJAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", ESJAX_NUM_PROCESSES="2",
+        env = child_env(fast=True, ESJAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", ESJAX_NUM_PROCESSES="2",
                    ESJAX_PROCESS_ID=str(pid), ESJAX_CPU_DEVICES="2", ESJAX_INIT_TIMEOUT="60",
                    ESJAX_HEARTBEAT_TIMEOUT="30")
         cmd = [sys.executable, "-m", "esjax.parallel.smoke", "--distributed", "--mesh", "data=2,model=2",

@@ -4,8 +4,6 @@ distributed settings from the environment, and bounded failure when a peer is mi
 from __future__ import annotations
 
 import math
-import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -83,18 +81,6 @@ def test_setup_builds_the_mesh_from_a_config_section():
     assert dict(mesh.shape) == {"data": info.device_count, "model": 1} and info.process_count == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ESJAX_", "JAX_"))}
-    env.update({"PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", ""), "JAX_PLATFORMS": "cpu", **extra})
-    return env
-
-
 _JOIN = textwrap.dedent("""
     import os, sys, time
     from esjax.parallel import multihost
@@ -110,24 +96,21 @@ _JOIN = textwrap.dedent("""
 """)
 
 
-def test_missing_peer_fails_initialize_within_the_timeout():
-    env = _env(ESJAX_COORDINATOR_ADDRESS=f"127.0.0.1:{_free_port()}", ESJAX_NUM_PROCESSES="2",
-               ESJAX_PROCESS_ID="0", ESJAX_INIT_TIMEOUT="3")
+def test_missing_peer_fails_initialize_within_the_timeout(python_child, port):
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", _JOIN], env=env, cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    proc = python_child(_JOIN, env={"ESJAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "ESJAX_NUM_PROCESSES": "2",
+                                    "ESJAX_PROCESS_ID": "0", "ESJAX_INIT_TIMEOUT": "3"}, timeout=120, check=False)
     assert proc.returncode != 0 and "joined" not in proc.stdout
     assert "DistributedError" in proc.stderr and "did not form within 3 s" in proc.stderr
     assert time.monotonic() - start < 60
 
 
-def test_dead_peer_stops_the_survivor_instead_of_hanging():
-    port = _free_port()
+def test_dead_peer_stops_the_survivor_instead_of_hanging(child_env, port):
     procs = [subprocess.Popen([sys.executable, "-c", _JOIN], cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
-                              env=_env(ESJAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", ESJAX_NUM_PROCESSES="2",
-                                       ESJAX_PROCESS_ID=str(pid), ESJAX_INIT_TIMEOUT="60",
-                                       ESJAX_HEARTBEAT_TIMEOUT="3"))
+                              env=child_env(ESJAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", ESJAX_NUM_PROCESSES="2",
+                                            ESJAX_PROCESS_ID=str(pid), ESJAX_INIT_TIMEOUT="60",
+                                            ESJAX_HEARTBEAT_TIMEOUT="3"))
              for pid in range(2)]
     try:
         out0, err0 = procs[0].communicate(timeout=120)

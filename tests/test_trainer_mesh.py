@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = ["model.source=random", "run.updates=3", "run.eval_every=3", "run.checkpoint_every=3", "es.population=8",
         "schedule.slots=4", "env.eval_goals=4", "env.tasks_per_member=2", "env.num_products=100",
         "env.max_steps=5", "run.progress=false", "es.sigma=0.05", "es.learning_rate=0.05"]
@@ -27,20 +23,17 @@ np.savez(sys.argv[2], *[np.asarray(x) for x in leaves])
 """
 
 
-def _run(tmp_path: Path, name: str, devices: int, mesh: tuple[int, int]) -> list[np.ndarray]:
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+def _run(python_child, tmp_path: Path, name: str, devices: int, mesh: tuple[int, int]) -> list[np.ndarray]:
     out = tmp_path / f"{name}.npz"
-    args = [*TINY, f"mesh.data={mesh[0]}", f"mesh.model={mesh[1]}"]
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / name), str(out), *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    python_child(SCRIPT, tmp_path / name, out, *TINY, f"mesh.data={mesh[0]}", f"mesh.model={mesh[1]}",
+                 devices=devices, timeout=900)
     data = np.load(out)
     return [data[k] for k in sorted(data.files, key=lambda s: int(s.split("_")[1]))]
 
 
-def test_mesh_runs_match_single_device(tmp_path):
-    single = _run(tmp_path, "single", 1, (1, 1))
+def test_mesh_runs_match_single_device(tmp_path, python_child):
+    single = _run(python_child, tmp_path, "single", 1, (1, 1))
     for mesh in ((2, 4), (8, 1)):
-        sharded = _run(tmp_path, f"mesh{mesh[0]}x{mesh[1]}", 8, mesh)
+        sharded = _run(python_child, tmp_path, f"mesh{mesh[0]}x{mesh[1]}", 8, mesh)
         for a, b in zip(single, sharded):
             np.testing.assert_allclose(a, b, atol=1e-5)
