@@ -111,9 +111,9 @@ def test_transient_env_errors_and_hangs_are_retried(reference, monkeypatch, tmp_
 def test_persistently_failing_member_is_dropped_and_counted(monkeypatch, tmp_path):
     original_start = RolloutEngine.start
 
-    def start(self, kind, owner, version, index, *args, **kwargs):
-        episode = original_start(self, kind, owner, version, index, *args, **kwargs)
-        self.pool.envs[episode.row]._member = (kind, version, index)
+    def start(self, kind, **kwargs):
+        episode = original_start(self, kind, **kwargs)
+        self.pool.envs[episode.row]._member = (kind, kwargs["version"], kwargs["index"])
         return episode
 
     monkeypatch.setattr(RolloutEngine, "start", start)
