@@ -30,6 +30,17 @@ from esjax.model.perturb import Perturbation, prepare_jit
 from esjax.model.sharding import put_batch
 
 
+def top_p_filter(logits: jax.Array, top_p: jax.Array | float) -> jax.Array:
+    """``logits [B, V]`` with every token outside the nucleus (the smallest set of most likely tokens whose
+    probability reaches ``top_p``) set to -inf."""
+    sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each sorted token
+    keep = before < top_p
+    threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where(logits >= threshold, logits, -jnp.inf)
+
+
 def sample_tokens(logits: jax.Array, keys: jax.Array, step: jax.Array, temperature: jax.Array, top_p: jax.Array,
                   greedy: bool, use_top_p: bool) -> jax.Array:
     """One token per row from float32 ``logits [B, V]``; ``keys [B]`` typed PRNG keys."""
@@ -37,12 +48,7 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, step: jax.Array, temperatu
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     logits = logits / jnp.maximum(temperature, 1e-6)
     if use_top_p:
-        sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
-        probs = jax.nn.softmax(sorted_logits, axis=-1)
-        before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each sorted token
-        keep = before < top_p
-        threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
-        logits = jnp.where(logits >= threshold, logits, -jnp.inf)
+        logits = top_p_filter(logits, top_p)
     step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
     return jax.vmap(jax.random.categorical)(step_keys, logits).astype(jnp.int32)
 

@@ -1,0 +1,310 @@
+"""Decode lanes: a KV cache that rows enter and leave between decode steps (continuous batching).
+
+A :class:`Lane` holds ``rows`` cache rows of one parameter version θ_v. Every decode step feeds the last sampled
+token of every row and samples the next one, with each row's own ES member applied inside the matmuls
+(:class:`~esjax.model.perturb.Perturbation`, prepared once per lane membership). A row that starts a turn is
+**prefilled** on its own (a small batch of the starting rows, against a fresh cache) and its keys and values are
+**inserted** into the lane: rows join and leave at any decode step, nobody waits for the longest row.
+
+Cache layout: the decoder writes a call's tokens at one write slot ``index`` shared by all rows
+(:mod:`esjax.model.decoder`). A row's prompt is therefore placed so that it *ends* at the current write slot
+(slots ``[index - P, index)``, its other slots marked invalid) and every decode step writes all rows at
+``index``; each row sees only its own valid slots. When the write slot would run past the cache (or a new prompt
+does not fit below it), the cache is **shifted** left by the oldest live row's start (one roll of the slot axis,
+wrapped slots invalidated), so a lane of ``length`` slots serves rows of any age as long as one turn (prompt +
+generated tokens) fits. Positions (RoPE) are per row and explicit, so a row's slots never affect its numerics.
+
+Sampling: row ``r`` draws token ``n`` of a turn with ``fold_in(fold_in(key(lo_r), hi_r), n)``, where
+``(lo_r, hi_r)`` are the two 32-bit halves of a per-turn seed chosen by the caller (the rollout engine hashes the
+task batch's sampling seed, the task position and the turn): common random numbers across members. Greedy rows
+take the argmax. Temperature, top-k and top-p are static (a :class:`Sampling`).
+
+:func:`generate_rows` runs whole generations through a lane (tests, the benchmark).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from esjax.agent.batching import left_pad
+from esjax.agent.buckets import Buckets, next_power_of_two
+from esjax.agent.generation import top_p_filter
+from esjax.model.config import ModelConfig
+from esjax.model.decoder import default_positions, forward, init_cache
+from esjax.model.perturb import Perturbation, Prepared, prepare_jit
+
+#: Prompt lengths of a prefill are padded to these (each is a compiled program): ~1.5x apart.
+PREFILL_BUCKETS = Buckets(lengths=(16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
+                                   6144, 8192, 12288, 16384, 24576, 32768))
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """How training rows draw tokens (static: part of the compiled program). ``temperature`` 0 = greedy;
+    ``top_k`` 0 = off; ``top_p`` 1 = off."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError(f"sampling: need temperature >= 0, 0 < top_p <= 1, top_k >= 0, got {self}")
+
+
+def sample_rows(logits: jax.Array, keys: jax.Array, counts: jax.Array, greedy: jax.Array,
+                sampling: Sampling) -> jax.Array:
+    """One token per row from ``logits [B, V]``: ``keys [B]`` per-turn keys, ``counts [B]`` the token's index in
+    its turn, ``greedy [B]`` rows that take the argmax."""
+    best = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    if sampling.temperature <= 0:
+        return best
+    scaled = logits / sampling.temperature
+    if 0 < sampling.top_k < scaled.shape[-1]:
+        kth = jax.lax.top_k(scaled, sampling.top_k)[0][:, -1:]
+        scaled = jnp.where(scaled >= kth, scaled, -jnp.inf)
+    if sampling.top_p < 1:
+        scaled = top_p_filter(scaled, sampling.top_p)
+    step_keys = jax.vmap(jax.random.fold_in)(keys, counts)
+    drawn = jax.vmap(jax.random.categorical)(step_keys, scaled).astype(jnp.int32)
+    return jnp.where(greedy, best, drawn)
+
+
+def turn_keys(lo: jax.Array, hi: jax.Array) -> jax.Array:
+    """Per-row typed keys from two uint32 halves of a 64-bit seed."""
+    return jax.vmap(lambda a, b: jax.random.fold_in(jax.random.key(a), b))(lo, hi)
+
+
+def split_seed(seed: int) -> tuple[int, int]:
+    return seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
+
+
+# ------------------------------------------------------------------------------------------------- programs
+@functools.partial(jax.jit, static_argnames=("config", "sampling"))
+def _prefill(config: ModelConfig, sampling: Sampling, params, prepared: Prepared | None, tokens, mask, lo, hi,
+             counts, greedy):
+    """Prompts ``[n, P]`` (left-padded) into a fresh cache; returns its keys / values and each row's next token."""
+    rows, length = tokens.shape
+    cache = init_cache(config, rows, length, params["embed"]["embedding"].dtype)
+    logits, cache = forward(config, params, tokens, default_positions(mask), mask, cache, prepared)
+    first = sample_rows(logits[:, -1], turn_keys(lo, hi), counts, greedy, sampling)
+    return cache["k"], cache["v"], first
+
+
+@functools.partial(jax.jit, donate_argnames=("cache",))
+def _insert(cache, k_new, v_new, mask, rows, cur, first):
+    """Write prefilled rows (lane rows ``rows``; out of range = padding, dropped) ending at the write slot."""
+    index = cache["index"]
+    length = mask.shape[1]
+    slots = index - length + jnp.arange(length)
+    k = cache["k"].at[:, rows[:, None], slots[None, :]].set(k_new.astype(cache["k"].dtype), mode="drop")
+    v = cache["v"].at[:, rows[:, None], slots[None, :]].set(v_new.astype(cache["v"].dtype), mode="drop")
+    valid_rows = jnp.zeros((mask.shape[0], cache["valid"].shape[1]), bool).at[:, slots].set(mask)
+    valid = cache["valid"].at[rows].set(valid_rows, mode="drop")
+    return {"k": k, "v": v, "valid": valid, "index": index}, cur.at[rows].set(first, mode="drop")
+
+
+@functools.partial(jax.jit, donate_argnames=("cache",))
+def _shift(cache, shift):
+    """Move every row's slots ``shift`` to the left (negative: right); slots that wrap around become invalid."""
+    length = cache["valid"].shape[1]
+    source = jnp.arange(length) + shift
+    inside = (source >= 0) & (source < length)
+    roll = lambda x, axis: jnp.roll(x, -shift, axis=axis)
+    return {"k": roll(cache["k"], 2), "v": roll(cache["v"], 2),
+            "valid": roll(cache["valid"], 1) & inside[None, :], "index": cache["index"] - shift}
+
+
+@functools.partial(jax.jit, static_argnames=("config", "sampling", "steps"), donate_argnames=("cache",))
+def _decode(config: ModelConfig, sampling: Sampling, params, prepared: Prepared | None, cache, cur, pos, counts,
+            active, greedy, lo, hi, *, steps: int):
+    """``steps`` decode steps for every row; returns the cache and the sampled tokens ``[rows, steps]``."""
+    keys = turn_keys(lo, hi)
+    mask = active[:, None]
+
+    def body(i, state):
+        cache, cur, out = state
+        logits, cache = forward(config, params, cur[:, None], (pos + i)[:, None], mask, cache, prepared)
+        tok = sample_rows(logits[:, -1], keys, counts + i, greedy, sampling)
+        return cache, tok, out.at[:, i].set(tok)
+
+    out = jnp.zeros((cur.shape[0], steps), jnp.int32)
+    cache, _, out = jax.lax.fori_loop(0, steps, body, (cache, cur, out))
+    return cache, out
+
+
+# ------------------------------------------------------------------------------------------------- the lane
+@dataclasses.dataclass
+class RowState:
+    """What the host knows of one lane row mid-turn: the next token to feed, its position and index in the turn."""
+
+    member: tuple[int, int, bool]  # (version, index, perturbed)
+    lo: int
+    hi: int
+    greedy: bool
+    cur: int = 0
+    pos: int = 0
+    count: int = 0
+    start: int = 0  # first cache slot of the row's prompt (for shifting)
+
+
+class Lane:
+    """A KV cache of ``rows`` rows and ``length`` slots for one θ (see the module docstring).
+
+    Host-side bookkeeping (which rows are live, their members, tokens, positions) lives here; the device holds the
+    cache only, so everything a decode step needs is passed in per call.
+    """
+
+    def __init__(self, config: ModelConfig, rows: int, length: int, dtype: Any, sampling: Sampling):
+        self.config = config
+        self.length = length
+        self.dtype = dtype
+        self.sampling = sampling
+        self.cache = init_cache(config, rows, length, dtype)
+        self.index = 0  # the host's copy of cache['index']
+        self.states: dict[int, RowState] = {}  # lane row -> its state (live rows only)
+        self._prepared_key: tuple | None = None
+        self._prepared: Prepared | None = None
+        self._cur: jax.Array | None = None  # next tokens after a prefill (device)
+
+    @property
+    def rows(self) -> int:
+        return int(self.cache["valid"].shape[0])
+
+    def free_row(self) -> int:
+        """The lowest free lane row, growing the lane (doubling its rows) when it is full."""
+        for r in range(self.rows):
+            if r not in self.states:
+                return r
+        old = self.rows
+        grow = lambda x, axis: jnp.concatenate([x, jnp.zeros(x.shape[:axis] + (old,) + x.shape[axis + 1:], x.dtype)],
+                                               axis=axis)
+        self.cache = {"k": grow(self.cache["k"], 1), "v": grow(self.cache["v"], 1),
+                      "valid": grow(self.cache["valid"], 0), "index": self.cache["index"]}
+        self._prepared_key = None
+        return old
+
+    def release(self, row: int) -> None:
+        self.states.pop(row, None)
+
+    def _perturbation(self, noise, sigma: float, params: Any, members: Sequence[tuple[int, int, bool]]
+                      ) -> Prepared | None:
+        if noise is None or not any(m[2] for m in members):
+            return None
+        return prepare_jit(Perturbation.create(noise, sigma, [m[0] for m in members], [m[1] for m in members],
+                                               [m[2] for m in members]), params)
+
+    def _make_room(self, prompt_len: int, steps: int, starting: set[int]) -> None:
+        """Shift the cache so the write slot is at least ``prompt_len`` and ``steps`` more slots fit."""
+        if self.index >= prompt_len and self.index + steps <= self.length:
+            return
+        starts = [s.start for r, s in self.states.items() if r not in starting]
+        shift = min(min(starts, default=self.index), self.index - prompt_len)
+        if self.index - shift + steps > self.length:
+            raise RuntimeError(f"decode lane of {self.length} slots cannot hold a {prompt_len}-token prompt and "
+                               f"{steps} steps beside rows spanning {self.index - min(starts)} slots")
+        if shift:
+            self.cache = _shift(self.cache, jnp.int32(shift))
+            self.index -= shift
+            for state in self.states.values():
+                state.start -= shift
+
+    def prefill(self, params: Any, noise, sigma: float, entries: Sequence[tuple[int, list[int], RowState]],
+                steps: int, row_buckets: int = 1) -> jax.Array | None:
+        """Start rows ``(lane row, prompt ids, state)``: prefill them together and insert them at the write slot.
+
+        ``state.count`` is the index of the token to draw (> 0 when the prompt ends with tokens generated
+        earlier in the turn). Returns the sampled tokens ``[n]`` (a device array, not yet read).
+        """
+        if not entries:
+            return None
+        n = len(entries)
+        n_b = max(next_power_of_two(n), row_buckets)
+        plen = PREFILL_BUCKETS.length(max(len(ids) for _, ids, _ in entries))
+        self._make_room(plen, steps, {r for r, _, _ in entries})
+        tokens, mask = left_pad([ids for _, ids, _ in entries], n_b, plen)
+        members = [s.member for _, _, s in entries] + [(0, 0, False)] * (n_b - n)
+        prepared = self._perturbation(noise, sigma, params, members)
+        pad = lambda values, fill, dtype: np.asarray(list(values) + [fill] * (n_b - n), dtype)
+        lo = pad((s.lo for _, _, s in entries), 0, np.uint32)
+        hi = pad((s.hi for _, _, s in entries), 0, np.uint32)
+        counts = pad((s.count for _, _, s in entries), 0, np.int32)
+        greedy = pad((s.greedy for _, _, s in entries), True, bool)
+        k_new, v_new, first = _prefill(self.config, self.sampling, params, prepared, tokens, mask, lo, hi, counts,
+                                       greedy)
+        rows = pad((r for r, _, _ in entries), self.rows, np.int32)  # out of range: dropped
+        cur = jnp.asarray(self._vector("cur", np.int32))
+        self.cache, self._cur = _insert(self.cache, k_new, v_new, mask, rows, cur, first)
+        for r, ids, state in entries:
+            state.start = self.index - len(ids)
+            state.pos = len(ids)
+            state.count += 1
+            self.states[r] = state
+        return first[:n]
+
+    def _vector(self, name: str, dtype: Any, fill: Any = 0) -> np.ndarray:
+        out = np.full((self.rows,), fill, dtype)
+        for r, state in self.states.items():
+            out[r] = getattr(state, name)
+        return out
+
+    def decode(self, params: Any, noise, sigma: float, steps: int, prefilled: bool) -> jax.Array:
+        """``steps`` decode steps for every live row; returns the tokens ``[rows, steps]`` (device, not yet read).
+
+        ``prefilled``: :meth:`prefill` ran just before (its rows' next tokens are on the device)."""
+        self._make_room(0, steps, set())
+        active = np.zeros((self.rows,), bool)
+        active[list(self.states)] = True
+        members = tuple(self.states[r].member if r in self.states else (0, 0, False) for r in range(self.rows))
+        if members != self._prepared_key:
+            self._prepared = self._perturbation(noise, sigma, params, members)
+            self._prepared_key = members
+        cur = self._cur if prefilled else jnp.asarray(self._vector("cur", np.int32))
+        self.cache, out = _decode(self.config, self.sampling, params, self._prepared, self.cache, cur,
+                                  self._vector("pos", np.int32), self._vector("count", np.int32), active,
+                                  self._vector("greedy", bool, True), self._vector("lo", np.uint32),
+                                  self._vector("hi", np.uint32), steps=steps)
+        self.index += steps
+        for state in self.states.values():
+            state.pos += steps
+            state.count += steps
+        return out
+
+
+def generate_rows(config: ModelConfig, params: Any, prompts: Sequence[Sequence[int]], *, noise=None,
+                  sigma: float = 0.0, members: Sequence[tuple[int, int, bool]] | None = None,
+                  max_new_tokens: int = 16, sampling: Sampling = Sampling(), seeds: Sequence[int] | None = None,
+                  greedy: Sequence[bool] | None = None, steps: int = 1, stop_ids: Sequence[int] = ()
+                  ) -> list[list[int]]:
+    """Generate up to ``max_new_tokens`` for each prompt through one lane (each row with its own member); a row
+    ends after a token in ``stop_ids`` (included). ``seeds``: one 64-bit turn seed per row (default: the row)."""
+    n = len(prompts)
+    seeds = list(range(n)) if seeds is None else list(seeds)
+    members = list(members or [(0, 0, False)] * n)
+    greedy = list(greedy or [False] * n)
+    lane = Lane(config, next_power_of_two(n), PREFILL_BUCKETS.length(max(map(len, prompts))) + max_new_tokens + steps,
+                params["embed"]["embedding"].dtype, sampling)
+    entries = [(r, list(p), RowState(members[r], *split_seed(seeds[r]), greedy[r])) for r, p in enumerate(prompts)]
+    first = np.asarray(lane.prefill(params, noise, sigma, entries, steps))
+    outs = [[int(t)] for t in first]
+    for r, row in enumerate(outs):
+        lane.states[r].cur = row[-1]
+    stop = set(stop_ids)
+    done = [out[-1] in stop for out in outs]
+    while not all(done) and min(len(o) for o, d in zip(outs, done) if not d) < max_new_tokens:
+        tokens = np.asarray(lane.decode(params, noise, sigma, steps, prefilled=False))
+        for r, row in enumerate(outs):
+            for t in tokens[r]:
+                if done[r] or len(row) >= max_new_tokens:
+                    break
+                row.append(int(t))
+                done[r] = int(t) in stop
+            lane.states[r].cur = row[-1]
+    return [row[:max_new_tokens] for row in outs]

@@ -1,0 +1,136 @@
+"""The WebShop agent of generate mode: the model writes each action as free text.
+
+Each turn the prompt (the model's chat template when it has one, else a plain ``system:`` / ``user:`` /
+``assistant:`` rendering) holds the instruction, the last few actions, feedback on an invalid previous action,
+WebShop's text observation and its available actions (``search[<query>]`` when the page has a search bar, one
+``click[...]`` per clickable). The model answers with one action in WebShop's grammar — or, with
+``reasoning=True``, a one-line ``Thought:`` and then ``Action: ...`` (ReAct style). The engine stops a turn at an
+end-of-sequence token, once the text holds a complete action, or after ``max_new_tokens``.
+
+:meth:`GenerateAgent.parse` extracts the first ``search[...]`` / ``click[...]`` of the text (case-insensitive
+names, canonical lower-case output). Text without one is sent to the env as it is (its first line): WebShop's
+env treats anything it cannot parse, and any click on something not clickable, as a no-op (reward 0, page
+unchanged, ``info['valid'] = False``); the next prompt then carries a feedback line and the engine counts the
+invalid action.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+ACTION = re.compile(r"\b(search|click)\[([^\[\]\n]*)\]", re.IGNORECASE)
+
+SYSTEM_PROMPT = ("You are a shopping agent on WebShop. Read the instruction and the page, then act with exactly "
+                 "one action: search[<query>] on a page with a search bar, or click[<item>] with an item from "
+                 "the available actions.")
+
+#: Longest stretch of an unparsable reply sent to the env (and kept in the trace).
+MAX_RAW_ACTION_CHARS = 200
+
+
+@dataclasses.dataclass
+class GenMemory:
+    """What the agent keeps within one episode: the goal, the actions taken and feedback on the last one."""
+
+    instruction: str
+    actions: list[str] = dataclasses.field(default_factory=list)
+    feedback: str | None = None
+
+
+def available_lines(available: Mapping[str, Any]) -> list[str]:
+    """The actions a page allows, in WebShop's grammar."""
+    out = ["search[<query>]"] if available.get("has_search_bar") else []
+    out += [f"click[{c}]" for c in available.get("clickables", []) if c != "search"]
+    return out
+
+
+class GenerateAgent:
+    """Prompts, action parsing and episode memory for generate mode (a ``GeneratingAgent``).
+
+    Args:
+      tokenizer: a ``tokenizers.Tokenizer`` (``encode(text).ids``, ``decode(ids)``, ``get_vocab()``).
+      chat_template: callable ``messages -> str`` (e.g. ``LoadedPolicy.chat_renderer()``); None: plain rendering.
+      stop_token_ids: tokens that end a turn (the model's end-of-sequence ids).
+      max_prompt_tokens: longer prompts keep their head and tail (instruction, and the question).
+      reasoning: ask for ``Thought: ...`` then ``Action: ...`` instead of the action alone.
+      history: how many of the episode's previous actions the prompt lists.
+    """
+
+    def __init__(self, tokenizer: Any, chat_template: Callable[[Sequence[Mapping[str, str]]], str] | None = None,
+                 stop_token_ids: Sequence[int] = (), max_prompt_tokens: int = 1024, reasoning: bool = False,
+                 history: int = 4):
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
+        self.max_prompt_tokens = max_prompt_tokens
+        self.reasoning = reasoning
+        self.history = history
+        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+        #: tokens whose text holds a ']' (only after one can a reply hold a complete action)
+        self.closing_ids = frozenset(int(i) for tok, i in vocab.items() if "]" in tok)
+
+    # -------------------------------------------------------------------------------------------- prompts
+    def messages(self, observation: str, available: Mapping[str, Any], memory: GenMemory) -> list[dict[str, str]]:
+        lines = [f"Instruction: {memory.instruction}"]
+        if memory.actions:
+            recent = memory.actions[-self.history:] if self.history else []
+            lines.append(f"Actions so far ({len(memory.actions)}): " + " ; ".join(recent))
+        if memory.feedback:
+            lines.append(memory.feedback)
+        lines.append(f"Observation: {observation}")
+        lines.append("Available actions: " + ", ".join(available_lines(available)))
+        if self.reasoning:
+            lines.append("Reply with one line 'Thought: <why>' and then one line 'Action: <action>'.")
+        else:
+            lines.append("Reply with the next action only.")
+        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n".join(lines)}]
+
+    def prompt_text(self, observation: str, available: Mapping[str, Any], memory: GenMemory) -> str:
+        messages = self.messages(observation, available, memory)
+        if self.chat_template is not None:
+            return self.chat_template(messages)
+        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+    def prompt_ids(self, observation: str, available: Mapping[str, Any], memory: GenMemory) -> list[int]:
+        ids = list(self.tokenizer.encode(self.prompt_text(observation, available, memory),
+                                         add_special_tokens=False).ids)
+        limit = self.max_prompt_tokens
+        if len(ids) > limit:
+            head = limit // 2
+            ids = ids[:head] + ids[len(ids) - (limit - head):]
+        return ids
+
+    # -------------------------------------------------------------------------------------------- replies
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode([int(t) for t in ids if int(t) not in self.stop_token_ids])
+
+    def complete(self, text: str) -> bool:
+        """Whether a reply holds a complete action (the turn can stop)."""
+        return ACTION.search(text) is not None
+
+    def parse(self, text: str) -> tuple[str, str, bool]:
+        """``(reply kept, action for the env, parsed)``: the reply up to its first action and that action in
+        canonical form, or the reply's first line as it is (the env's no-op) when it holds none."""
+        match = ACTION.search(text)
+        if match is None:
+            raw = text.strip().split("\n", 1)[0][:MAX_RAW_ACTION_CHARS]
+            return text.strip()[: 4 * MAX_RAW_ACTION_CHARS], raw, False
+        name, arg = match.group(1).lower(), match.group(2).strip()
+        return text[: match.end()].strip(), f"{name}[{arg}]", True
+
+    # -------------------------------------------------------------------------------------------- memory
+    def new_memory(self, instruction: str) -> GenMemory:
+        return GenMemory(instruction)
+
+    def remember(self, memory: GenMemory, reply: str, action: str, info: Mapping[str, Any]) -> None:
+        """After ``action`` (from ``reply``) was stepped and the env answered with ``info``."""
+        memory.actions.append(action if action else "(empty reply)")
+        if info.get("valid", True):
+            memory.feedback = None
+        else:
+            reason = info.get("invalid_reason") or "not a valid action"
+            memory.feedback = (f"Your last action {action[:80]!r} was invalid ({reason}); nothing happened. "
+                               "Choose one of the available actions.")
