@@ -203,6 +203,11 @@ class EnvSection(_Section):
                                 "episodes (timeouts or exceptions) are re-run up to env.max_retries times")
     max_retries: int = Field(2, ge=0, le=1_000, description="re-runs of a member's failed episodes before its job is "
                                                   "dropped (counted as 'abandoned')")
+    pool: Literal["inprocess", "process", "ray"] = Field(
+        "inprocess", description="where env sessions live: inprocess (this process), process (env.workers worker "
+                                 "processes) or ray (env.workers Ray actors; needs 'esjax[ray]'); the same "
+                                 "episodes and metrics either way")
+    workers: int = Field(2, ge=1, le=100_000, description="worker processes / Ray actors of env.pool: process | ray")
 
     @model_validator(mode="after")
     def _check(self) -> EnvSection:

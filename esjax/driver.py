@@ -50,7 +50,7 @@ from esjax.loop.rollout import Episode, RolloutEngine
 from esjax.loop.tasks import hash_ints
 from esjax.loop.types import Result, UpdateRecord
 from esjax.metrics import MetricsWriter
-from esjax.parts import build_agent, build_coordinator, build_es_config, build_policy, build_shop
+from esjax.parts import build_agent, build_coordinator, build_es_config, build_policy, build_pool, build_shop
 from esjax.progress import Progress
 from esjax.traces import write_traces
 
@@ -77,10 +77,8 @@ class Trainer:
         self.es_config = build_es_config(config)
         self.K = config.schedule.max_lag
         self.traces = config.run.traces == "eval"  # write every evaluation's episode traces
-        from envs.webshop_bridge import EnvPool
-
         capacity = config.schedule.slots * config.env.tasks_per_member + len(self.eval_goals)
-        self.pool = EnvPool(self.shop, capacity)
+        self.pool = build_pool(config, self.shop, capacity)  # env.pool: in this process, worker processes or Ray
         self.engine = RolloutEngine(self.pool, self.agent, self.policy.config, self.es_config.noise,
                                     lambda v: float(self.es_config.sigma_at(v)), config.env.max_steps,
                                     config.agent.temperature, step_timeout=config.env.step_timeout_s)
@@ -367,6 +365,10 @@ class Trainer:
                      "wall_time": self.wall_time(), "nonfinite_rejections": self.counters.nonfinite_rejections})
         self.counters.finished = True
         self._save()
+
+    def close(self) -> None:
+        """Release the env pool's workers (processes or Ray actors); the trainer is not used afterwards."""
+        self.pool.close()
 
     def _phase(self) -> str:
         """What the loop is waiting for, for the live progress line."""

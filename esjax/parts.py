@@ -8,6 +8,7 @@ cannot be built, so a bad config fails before the loop starts.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +25,43 @@ from esjax.loop.schedules import make_schedule
 from esjax.rundir import resume_config
 
 
-def build_shop(config: Config):
-    """The environment's shop: a synthetic catalog or WebShop data from a folder."""
-    from envs.webshop_bridge import PACKAGED_DATA, DataError, load_webshop, synthetic_shop
+def shop_spec(config: Config):
+    """The environment's shop as a picklable recipe (:class:`~envs.webshop_bridge.shop.ShopSpec`): what env
+    worker processes and Ray actors build their own copy from."""
+    from envs.webshop_bridge import PACKAGED_DATA, ShopSpec
 
     env = config.env
+    if env.data == "synthetic":
+        return ShopSpec(kind="synthetic", num_products=env.num_products, seed=env.catalog_seed)
+    human_file = str(Path(env.human_file).expanduser()) if env.human_file else None
+    return ShopSpec(kind="webshop", path=env.data if env.data in PACKAGED_DATA else str(Path(env.data).expanduser()),
+                    seed=env.catalog_seed, goals=env.goals, human_file=human_file)
+
+
+def build_shop(config: Config):
+    """The environment's shop: a synthetic catalog or WebShop data from a folder."""
+    from envs.webshop_bridge import DataError
+
     try:
-        if env.data == "synthetic":
-            return synthetic_shop(env.num_products, seed=env.catalog_seed)
-        human_file = Path(env.human_file).expanduser() if env.human_file else None
-        return load_webshop(env.data if env.data in PACKAGED_DATA else Path(env.data).expanduser(),
-                            seed=env.catalog_seed, goals=env.goals, human_file=human_file)
+        return shop_spec(config).build()
     except DataError as err:
         raise ConfigError(f"env.data: {err}") from None
+
+
+def build_pool(config: Config, shop, capacity: int):
+    """``capacity`` env sessions where ``env.pool`` says: in this process over ``shop``, or in ``env.workers``
+    worker processes / Ray actors that each build the shop from :func:`shop_spec` (a Ray cluster's address
+    comes from ``RAY_ADDRESS``; none: Ray starts a local one, unless ``ray.init`` was already called)."""
+    from envs.webshop_bridge import EnvPool, ProcessEnvPool
+
+    env = config.env
+    if env.pool == "inprocess":
+        return EnvPool(shop, capacity)
+    if env.pool == "process":
+        return ProcessEnvPool(shop_spec(config), capacity, workers=env.workers)
+    from esjax.envpool_ray import RayEnvPool
+
+    return RayEnvPool(shop_spec(config), capacity, workers=env.workers)
 
 
 def shop_texts(shop, limit: int = 5000):
@@ -114,6 +139,9 @@ def check_extras(config: Config) -> None:
             except ImportError:
                 raise ConfigError(f"run.{key}: true needs the optional {module} package, which is not installed: "
                                   f"pip install 'esjax[{extra}]' (or --set run.{key}=false)") from None
+    if config.env.pool == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("env.pool: 'ray' needs the optional ray package, which is not installed: "
+                          "pip install 'esjax[ray]' (or --set env.pool=process)")
 
 
 def load_run(run_dir: str | Path, config: Config | None = None) -> tuple[Any, LoadedPolicy, Any, int]:

@@ -81,7 +81,7 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
     if config.run.progress:
         print(f"{'resuming' if resume else 'writing'} the run in {run_dir}: loading the shop and the policy",
               flush=True)
-    checkpointer = writer = None
+    checkpointer = writer = trainer = None
     try:
         enable_compilation_cache(config.run.compilation_cache)
         if not resume:
@@ -112,7 +112,7 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
             if overrides:  # config.yaml says what the run is now (e.g. an extended run.updates)
                 (run_dir / CONFIG_FILE).write_text(config_to_yaml(config))
     except BaseException as err:
-        for part in (writer, checkpointer):
+        for part in (writer, checkpointer, trainer):  # trainer: its env pool's workers
             if part is not None:
                 with contextlib.suppress(Exception):
                     part.close()
@@ -148,7 +148,7 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
     finally:
         with contextlib.suppress(Exception):
             steps = checkpointer.steps()
-        for close in (writer.close, checkpointer.close):
+        for close in (writer.close, checkpointer.close, trainer.close):
             with contextlib.suppress(OSError):
                 close()
         # A failure (or Ctrl-C) before the first update of a new run is a failed start: nothing to resume.

@@ -20,23 +20,33 @@ def _fake_ray() -> types.ModuleType:
     """Just enough of Ray's API, executed synchronously in this process."""
     ray = types.ModuleType("ray")
 
+    class RayActorError(Exception):
+        pass
+
     class _Ref:
-        def __init__(self, value):
-            self.value = value
+        def __init__(self, value, error=None):
+            self.value, self.error = value, error
+
+        def result(self):
+            if self.error is not None:
+                raise self.error
+            return self.value
 
     class _Method:
-        def __init__(self, fn):
-            self.fn = fn
+        def __init__(self, fn, handle):
+            self.fn, self.handle = fn, handle
 
         def remote(self, *args):
+            if self.handle.dead:  # a dead actor: the call's result raises when read
+                return _Ref(None, RayActorError("the actor died"))
             return _Ref(self.fn(*args))
 
     class _Handle:
         def __init__(self, obj):
-            self.obj = obj
+            self.obj, self.dead = obj, False
 
         def __getattr__(self, name):
-            return _Method(getattr(self.obj, name))
+            return _Method(getattr(self.obj, name), self)
 
     class _Actor:
         def __init__(self, cls):
@@ -50,16 +60,16 @@ def _fake_ray() -> types.ModuleType:
 
     ray.remote = _Actor
     ray.is_initialized = lambda: True
-    ray.get = lambda refs, timeout=None: [r.value for r in refs]
+    ray.get = lambda refs, timeout=None: refs.result() if isinstance(refs, _Ref) else [r.result() for r in refs]
     ray.kill = lambda actor: None
-    ray.exceptions = types.SimpleNamespace(GetTimeoutError=TimeoutError)
+    ray.exceptions = types.SimpleNamespace(GetTimeoutError=TimeoutError, RayActorError=RayActorError)
     return ray
 
 
 def _drive(pool, goals):
     obs, _ = pool.reset(goals)
     trace = [obs]
-    actions = [f"search[{ins}]" for ins in pool.instructions]
+    actions = [f"search[{ins}]" for ins in pool.instructions()]
     actions[1] = None  # a session left alone this tick
     obs, rewards, done, _ = pool.step(actions)
     trace += [obs, rewards.tolist(), done.tolist()]
@@ -93,6 +103,7 @@ def test_missing_ray_is_a_clear_error(monkeypatch):
         RayEnvPool(SPEC, 2)
 
 
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # ray.init starts its processes
 def test_real_local_ray_cluster():
     ray = pytest.importorskip("ray")
     from esjax.envpool_ray import RayEnvPool

@@ -38,7 +38,7 @@ def test_env_pool_matches_single_envs():
     scripts = _scripts(shop, goals)
     pool = EnvPool(shop, 4)
     obs, infos = pool.reset(goals)
-    assert [i["goal_index"] for i in infos] == goals and pool.instructions == [shop.goals[g].instruction_text
+    assert [i["goal_index"] for i in infos] == goals and pool.instructions() == [shop.goals[g].instruction_text
                                                                                for g in goals]
     rewards = np.zeros(4)
     for t in range(max(map(len, scripts))):

@@ -136,20 +136,22 @@ def load_webshop(path: str | os.PathLike, *, attributes_file: str | os.PathLike 
 
 @dataclass(frozen=True)
 class ShopSpec:
-    """A picklable recipe for a Shop: ``kind`` is 'webshop' (``path``; ``num_products`` None = all) or
-    'synthetic' (``num_products``, default 300)."""
+    """A picklable recipe for a Shop: ``kind`` is 'webshop' (``path``; ``num_products`` None = all; ``goals``
+    and ``human_file`` as in :func:`load_webshop`) or 'synthetic' (``num_products``, default 300)."""
 
     kind: str = "synthetic"
     path: str | None = None
     num_products: int | None = None
     seed: int = 0
     goals: str = "synthetic"
+    human_file: str | None = None
 
     def build(self) -> Shop:
         if self.kind == "webshop":
             if self.path is None:
                 raise ValueError("ShopSpec(kind='webshop') needs a path")
-            return load_webshop(self.path, num_products=self.num_products, seed=self.seed, goals=self.goals)
+            return load_webshop(self.path, num_products=self.num_products, seed=self.seed, goals=self.goals,
+                                human_file=self.human_file)
         if self.kind == "synthetic":
             from .synthetic import synthetic_shop
 

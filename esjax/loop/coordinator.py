@@ -455,7 +455,7 @@ class Coordinator:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """The JSON-ready state (issue 6 checkpoints this next to θ and the optimizer state)."""
+        """The JSON-ready state (the trainer checkpoints it next to θ and the optimizer state)."""
         return self.state.to_dict()
 
     @classmethod

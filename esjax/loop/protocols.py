@@ -12,34 +12,39 @@ from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
-class EnvSession(Protocol):
-    """One environment session: a text page, the actions it allows, one action at a time."""
-
-    @property
-    def instruction(self) -> str:
-        """The episode's goal in words (what the agent's memory starts from)."""
-        ...
-
-    def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
-        """(observation, reward, done, info) after ``action``; an invalid action is a no-op, not an error."""
-        ...
-
-    def available_actions(self) -> dict[str, Any]:
-        """What the current page allows (e.g. WebShop's ``has_search_bar`` and ``clickables``)."""
-        ...
-
-
-@runtime_checkable
 class EnvPool(Protocol):
-    """A fixed set of env sessions the engine addresses by row. Optionally ``replace_env(row)``: a fresh
-    session for a row whose step hung (the engine calls it when present)."""
+    """A fixed set of env sessions (rows ``0 .. len - 1``) driven in batches, in this process or elsewhere.
 
-    envs: Sequence[EnvSession]
+    The WebShop bridge's ``EnvPool`` (in-process) and ``ProcessEnvPool`` (worker processes) and
+    ``esjax.envpool_ray.RayEnvPool`` (Ray actors) implement it; every answer is in the order of the rows asked.
+    """
 
     def __len__(self) -> int: ...
 
-    def reset_one(self, row: int, goal: int) -> tuple[str, dict[str, Any]]:
-        """Start goal ``goal`` in ``row``: (first observation, info)."""
+    def reset_rows(self, rows: Sequence[int], goals: Sequence[int]) -> list[tuple[str, dict[str, Any]]]:
+        """Start goal ``goals[k]`` in row ``rows[k]``: (first observation, info) per row."""
+        ...
+
+    def step(self, actions: Sequence[str | None], timeout: float | None = None
+             ) -> tuple[list[str], Any, Any, list[dict[str, Any]]]:
+        """One action per row (None: leave the row alone) -> (observations, rewards, done flags, infos), per row.
+
+        An invalid action is a no-op, not an error. A row whose step raised or took longer than ``timeout``
+        seconds fails alone: done, reward 0 and ``info['failure']`` saying why; the pool replaces a hung
+        session (or worker) itself, and a failed row is reset before it is stepped again.
+        """
+        ...
+
+    def available_actions(self, rows: Sequence[int]) -> list[dict[str, Any]]:
+        """What each row's current page allows (e.g. WebShop's ``has_search_bar`` and ``clickables``)."""
+        ...
+
+    def instructions(self, rows: Sequence[int]) -> list[str]:
+        """Each row's episode goal in words (what the agent's memory starts from)."""
+        ...
+
+    def close(self) -> None:
+        """Release workers (processes, actors); the pool is not used afterwards."""
         ...
 
 

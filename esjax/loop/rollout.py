@@ -4,7 +4,8 @@ Each live episode belongs to a training member ``(version, index)`` or to an eva
 unperturbed θ at some version. Per tick, the episodes waiting for an action are grouped by version and
 served by **a few batched policy calls per live version** (candidate scoring with per-row ES members; rows of
 similar length share a call, see :meth:`RolloutEngine._calls`); the chosen actions go through the env pool
-in one batched step; finished episodes are handed back, and freed env rows are reused at once.
+in one batched step (:class:`~esjax.loop.protocols.EnvPool`: in this process, in worker processes or in Ray
+actors); finished episodes are handed back, and freed env rows are reused at once.
 
 Everything here is deterministic given the episodes started: action sampling draws from a counter-based
 seed of (task batch sampling seed, position in the batch, step) — the same for every member of one version
@@ -16,7 +17,6 @@ agent's memory without calling the model, which is how a resumed run continues i
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -134,7 +134,8 @@ class RolloutEngine:
     """Runs episodes of many members and versions in lock-step ticks over one env pool.
 
     Args:
-      pool: an :class:`~esjax.loop.protocols.EnvPool` (``reset_one``, per-row sessions ``envs``).
+      pool: an :class:`~esjax.loop.protocols.EnvPool`: batched ``reset_rows`` / ``step`` /
+        ``available_actions`` / ``instructions`` over rows.
       agent: a :class:`~esjax.loop.protocols.ScoringAgent`: prompts, candidates and its episode memory.
       model_config: the policy's :class:`ModelConfig`.
       noise: the run's noise spec (members' perturbations).
@@ -144,10 +145,11 @@ class RolloutEngine:
       buckets: padding of policy calls; coarse buckets keep a run to a handful of compiled programs.
       max_call_rows: most rows in one policy call (None: :data:`MAX_CALL_ROWS_CPU` on a CPU backend, else
         :data:`MAX_CALL_ROWS`).
-      step_timeout: seconds one env step may take (None: no limit). Steps then run on a helper thread;
-        a step past the limit fails its episode, its env session is replaced (``pool.replace_env``) and
-        the thread is abandoned. An env step that raises fails its episode either way; failed episodes
-        come back from :meth:`tick` with ``failure`` set and ``reward`` 0.
+      step_timeout: seconds one env step may take (None: no limit), passed to ``pool.step``: a step past the
+        limit fails its episode and the pool replaces the hung session (the in-process pool steps on a helper
+        thread it abandons; process and Ray pools also replace a worker that stops answering). An env step
+        that raises fails its episode either way; failed episodes come back from :meth:`tick` with
+        ``failure`` set and ``reward`` 0.
     """
 
     def __init__(self, pool: EnvPool, agent: ScoringAgent, model_config: ModelConfig, noise: NoiseSpec,
@@ -192,14 +194,12 @@ class RolloutEngine:
             row = self.free_rows.pop()
         else:
             self.free_rows.remove(row)
-        observation, _ = self.pool.reset_one(row, goal)
-        env = self.pool.envs[row]
+        observation, instruction, available = self._open(row, goal)
         episode = Episode(row, kind, owner, version, index, goal, position, sampling_seed, greedy,
-                          self.agent.new_memory(env.instruction), observation, env.available_actions())
+                          self.agent.new_memory(instruction), observation, available)
         for text, action in trace:
             self.agent.remember(episode.memory, episode.available, _Replayed(text, action))
-            episode.observation, reward, done, info = env.step(action)
-            episode.available = env.available_actions()
+            episode.observation, episode.available, done, _ = self._replay_step(row, action)
             episode.trace.append((text, action))
             if done:
                 raise RuntimeError(f"replayed trace of goal {goal} ended its episode; it should still be live")
@@ -297,6 +297,7 @@ class RolloutEngine:
         stats.rows = sum(a is not None for a in actions)
         t0 = time.perf_counter()
         results, failures = self._step(actions)
+        available = self._available(list(results))
         stats.env_s += time.perf_counter() - t0
         finished = []
         for episode in waiting:
@@ -305,7 +306,7 @@ class RolloutEngine:
             elif actions[episode.row] is not None:
                 observation, reward, done, info = results[episode.row]
                 episode.observation = observation
-                episode.available = self.pool.envs[episode.row].available_actions()
+                episode.available = available[episode.row]
                 if done:
                     episode.done, episode.reward, episode.info = True, float(reward), info
             if episode.done or episode.steps >= self.max_steps:
@@ -315,78 +316,40 @@ class RolloutEngine:
                 self.free_rows.append(episode.row)
         return finished, stats
 
-    # ------------------------------------------------------------------------------------------- env steps
-    def _step(self, actions: Sequence[str | None]) -> tuple[dict[int, tuple], dict[int, str]]:
-        """Step every row with an action, one row at a time so one failing session fails only itself.
+    # ------------------------------------------------------------------------------------------- env calls
+    def _open(self, row: int, goal: int) -> tuple[str, str, dict]:
+        """Reset ``row`` to ``goal``: (first observation, instruction, available actions)."""
+        ((observation, _),) = self.pool.reset_rows([row], [goal])
+        (instruction,) = self.pool.instructions([row])
+        return observation, instruction, self.pool.available_actions([row])[0]
 
-        Returns ``(results, failures)``: row -> (observation, reward, done, info) and row -> reason.
-        """
-        rows = [row for row, action in enumerate(actions) if action is not None]
-        if self.step_timeout is None:
-            batch = _StepBatch(rows, self.pool.envs, actions)
-            batch.run()
-            return batch.results, batch.failures
+    def _step(self, actions: Sequence[str | None], replay: bool = False) -> tuple[dict[int, tuple], dict[int, str]]:
+        """Step every row with an action in one batched pool call; a row past ``step_timeout`` (none when
+        ``replay``) or whose step raised fails alone. Returns ``(results, failures)``: row -> (observation,
+        reward, done, info) and row -> why it failed."""
+        observations, rewards, done, infos = self.pool.step(actions, None if replay else self.step_timeout)
         results: dict[int, tuple] = {}
         failures: dict[int, str] = {}
-        poll = min(0.25, self.step_timeout / 4)
-        while rows:
-            batch = _StepBatch(rows, self.pool.envs, actions)
-            thread = threading.Thread(target=batch.run, name="esjax-env-step", daemon=True)
-            thread.start()
-            hung = None
-            while thread.is_alive():
-                thread.join(poll)
-                with batch.lock:
-                    if batch.finished:
-                        break
-                    if time.monotonic() - batch.started > self.step_timeout:
-                        batch.cancelled = True  # the thread drops whatever it does from now on
-                        hung = batch.pos
-                        break
-            with batch.lock:
-                results.update(batch.results)
-                failures.update(batch.failures)
-            if hung is None:
-                break
-            row = rows[hung]
-            failures[row] = f"timeout: env step took longer than {self.step_timeout:g} s"
-            replace = getattr(self.pool, "replace_env", None)
-            if replace is not None:  # the hung session may still be running on the abandoned thread
-                replace(row)
-            rows = rows[hung + 1:]
+        for row, action in enumerate(actions):
+            if action is None:
+                continue
+            if "failure" in infos[row]:
+                failures[row] = infos[row]["failure"]
+            else:
+                results[row] = (observations[row], float(rewards[row]), bool(done[row]), infos[row])
         return results, failures
 
+    def _available(self, rows: list[int]) -> dict[int, dict]:
+        """Row -> its page's available actions."""
+        return dict(zip(rows, self.pool.available_actions(rows))) if rows else {}
 
-class _StepBatch:
-    """Steps ``rows`` in order, recording each row's result or failure (run inline or on a thread)."""
-
-    def __init__(self, rows: list[int], envs: Sequence[Any], actions: Sequence[str | None]):
-        self.rows, self.envs, self.actions = rows, list(envs), actions
-        self.results: dict[int, tuple] = {}
-        self.failures: dict[int, str] = {}
-        self.lock = threading.Lock()
-        self.pos = 0
-        self.started = time.monotonic()
-        self.cancelled = False
-        self.finished = False
-
-    def run(self) -> None:
-        for pos, row in enumerate(self.rows):
-            with self.lock:
-                if self.cancelled:
-                    return
-                self.pos, self.started = pos, time.monotonic()
-            try:
-                out, failure = self.envs[row].step(self.actions[row]), None
-            except Exception as err:  # noqa: BLE001 - any env failure ends only this episode
-                text = str(err).splitlines()[0][:200] if str(err) else ""
-                out, failure = None, f"error: {err.__class__.__name__}: {text}".rstrip(": ")
-            with self.lock:
-                if self.cancelled:
-                    return
-                if failure is None:
-                    self.results[row] = out
-                else:
-                    self.failures[row] = failure
-        with self.lock:
-            self.finished = True
+    def _replay_step(self, row: int, action: str) -> tuple[str, dict, bool, dict]:
+        """Replay one traced action in ``row`` (no time limit; a failure raises): (observation, available actions,
+        done, info)."""
+        actions: list[str | None] = [None] * len(self.pool)
+        actions[row] = action
+        results, failures = self._step(actions, replay=True)
+        if row in failures:
+            raise RuntimeError(f"replaying a trace in env row {row} failed: {failures[row]}")
+        observation, _, done, info = results[row]
+        return observation, self._available([row])[row], done, info
