@@ -17,7 +17,7 @@ import sys
 import time
 
 import pytest
-from test_scale_envpool_ray import _fake_ray
+from test_scale_envpool_ray import _fake_ray, real_ray
 
 from envs.webshop_bridge import EnvPool, ProcessEnvPool, ShopSpec
 
@@ -130,24 +130,22 @@ def test_ray_pool_replaces_a_dead_actor_and_fails_its_rows(monkeypatch):
 
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # ray.init starts its processes
 def test_real_ray_pool_replaces_an_actor_that_stops_answering():
-    ray = pytest.importorskip("ray")
-    from ray import cloudpickle  # Ray's own copy pickles the actors' arguments
-
     from esjax.envpool_ray import RayEnvPool
 
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors cannot import this test module
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
-    try:
-        with RayEnvPool(SPEC, len(GOALS), workers=2) as pool:
-            pool.reset(GOALS)
-            out = pool.step(["search[freeze]", "search[shoes]", None, None], timeout=TIMEOUT)
-            assert pool.restarts == 1
-            assert _failure(out, 0) == "timeout: env actor 0 did not answer in time; replaced"
-            assert _failure(out, 1) is None and "Page 1" in out[0][1]
-            pool.reset_rows([0, 2], [0, 2])
-            out = pool.step(["search[shoes]", None, "search[stall]", None], timeout=TIMEOUT)
-            assert _failure(out, 0) is None
-            assert _failure(out, 2) == f"timeout: env step took longer than {TIMEOUT:g} s"  # timed in the actor
-    finally:
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-        ray.shutdown()
+    with real_ray():
+        from ray import cloudpickle  # Ray's own copy pickles the actors' arguments
+
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors cannot import this test module
+        try:
+            with RayEnvPool(SPEC, len(GOALS), workers=2) as pool:
+                pool.reset(GOALS)
+                out = pool.step(["search[freeze]", "search[shoes]", None, None], timeout=TIMEOUT)
+                assert pool.restarts == 1
+                assert _failure(out, 0) == "timeout: env actor 0 did not answer in time; replaced"
+                assert _failure(out, 1) is None and "Page 1" in out[0][1]
+                pool.reset_rows([0, 2], [0, 2])
+                out = pool.step(["search[shoes]", None, "search[stall]", None], timeout=TIMEOUT)
+                assert _failure(out, 0) is None
+                assert _failure(out, 2) == f"timeout: env step took longer than {TIMEOUT:g} s"  # timed in the actor
+        finally:
+            cloudpickle.unregister_pickle_by_value(sys.modules[__name__])

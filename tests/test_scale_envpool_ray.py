@@ -4,8 +4,12 @@ stand-in for Ray (always runs); a real local Ray cluster is used when Ray is ins
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import sys
+import tempfile
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -66,6 +70,20 @@ def _fake_ray() -> types.ModuleType:
     return ray
 
 
+@contextlib.contextmanager
+def real_ray():
+    """A real local Ray cluster (2 CPUs) for one test, skipped without Ray. One at a time on this machine: test
+    modules run in parallel (pytest-xdist) and a second ``ray.init`` may join the first one's cluster."""
+    ray = pytest.importorskip("ray")
+    with open(Path(tempfile.gettempdir()) / "esjax-real-ray-tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
+
+
 def _drive(pool, goals):
     obs, _ = pool.reset(goals)
     trace = [obs]
@@ -105,15 +123,10 @@ def test_missing_ray_is_a_clear_error(monkeypatch):
 
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # ray.init starts its processes
 def test_real_local_ray_cluster():
-    ray = pytest.importorskip("ray")
     from esjax.envpool_ray import RayEnvPool
 
     goals = [1, 2, 3, 4]
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
-    try:
-        with RayEnvPool(SPEC, len(goals), workers=2) as pool:
-            got = _drive(pool, goals)
-    finally:
-        ray.shutdown()
+    with real_ray(), RayEnvPool(SPEC, len(goals), workers=2) as pool:
+        got = _drive(pool, goals)
     assert np.array_equal(np.asarray(got[2]), np.asarray(_reference(goals)[2]))
     assert got == _reference(goals)

@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from test_scale_envpool_ray import real_ray
 
 from esjax.config import ConfigError, load_config
 from esjax.parts import check_extras
@@ -76,12 +77,8 @@ def test_process_pool_trains_like_the_in_process_pool(reference, tmp_path):
 
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # ray.init starts its processes
 def test_ray_pool_trains_like_the_in_process_pool(reference, tmp_path):
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
-    try:
+    with real_ray():
         result = train(_config("ray"), run_dir=tmp_path / "run")
-    finally:
-        ray.shutdown()
     _check_same(result, reference)
 
 
