@@ -128,15 +128,17 @@ class RayEnvPool:
         if wait is None:
             answers = self._get(refs)
         else:
-            sent, answers = time.monotonic(), []
+            sent, answers, gone = time.monotonic(), [], []
             lost = (self._ray.exceptions.GetTimeoutError, getattr(self._ray.exceptions, "RayActorError", OSError))
             for w, ref in enumerate(refs):
                 left = sent + wait * (len(per_actor[w]) + 1) - time.monotonic()
                 try:
                     answers.append(self._ray.get(ref, timeout=max(0.0, left)))
                 except lost:
-                    self._replace_actor(w)
+                    gone.append(w)
                     answers.append([None] * len(per_actor[w]))
+            for w in gone:  # after every actor had its time: a replacement takes seconds
+                self._replace_actor(w)
         results: dict[int, Any] = {}
         for w, outs in enumerate(answers):
             for (local, _), out in zip(per_actor[w], outs):

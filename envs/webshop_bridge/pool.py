@@ -310,13 +310,14 @@ class ProcessEnvPool:
         for i, item in items:
             per_worker[i % self.workers].append((i // self.workers, item))
         deadline: dict[int, float] = {}
+        replacing = 0.0  # seconds spent replacing dead workers in this call: not held against the others
 
         def send(w: int) -> None:
             self._conns[w].send((cmd, per_worker[w], arg))
             if wait is not None:
                 deadline[w] = time.monotonic() + wait * (len(per_worker[w]) + 1)
 
-        lost = set()
+        lost, hung = set(), []
         for w in range(self.workers):
             try:
                 send(w)
@@ -327,13 +328,14 @@ class ProcessEnvPool:
             while True:
                 try:
                     if w in lost:  # the command never reached a live worker: replace it, send again
+                        started = time.monotonic()
                         self._replace_worker(w)
+                        replacing += time.monotonic() - started
                         send(w)
                         lost.discard(w)
-                    if wait is not None and not self._conns[w].poll(max(0.0, deadline[w] - time.monotonic())):
-                        for local, _ in per_worker[w]:  # hung: forget its sessions, then replace it
-                            self._history[local * self.workers + w] = None
-                        self._replace_worker(w)
+                    left = None if wait is None else deadline[w] + replacing - time.monotonic()
+                    if left is not None and not self._conns[w].poll(max(0.0, left)):
+                        hung.append(w)
                         outs = [None] * len(per_worker[w])
                     else:
                         outs = self._recv(self._conns[w])
@@ -342,6 +344,10 @@ class ProcessEnvPool:
                     lost.add(w)
             for (local, _), out in zip(per_worker[w], outs):
                 results[local * self.workers + w] = out
+        for w in hung:  # after every worker had its time: forget the hung one's stepped sessions, replace it
+            for local, _ in per_worker[w]:
+                self._history[local * self.workers + w] = None
+            self._replace_worker(w)
         return [results[i] for i, _ in items]
 
     def reset(self, goal_indices: Sequence[int | None]) -> tuple[list[str], list[dict]]:
