@@ -15,6 +15,7 @@ Ray is optional (``pip install 'esjax[ray]'``) and imported only when a pool is 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,7 +83,9 @@ class RayEnvPool:
             raise ValueError(f"RayEnvPool: n and workers must be >= 1, got n={n}, workers={workers}")
         ray = self._ray = _ray()
         if not ray.is_initialized():
-            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+            with warnings.catch_warnings():  # JAX warns of any os.fork; Ray's is subprocess's fork + exec: safe
+                warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
+                ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
         self.n, self.workers, self.timeout = n, min(workers, n), float(timeout)
         self._actor_cls = ray.remote(_Sessions)
         self._options = dict(actor_options or {"num_cpus": 1})
