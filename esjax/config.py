@@ -226,8 +226,12 @@ class EnvSection(_Section):
 
 
 class AgentSection(_Section):
-    """How the policy picks actions: by scoring each valid action's description (see esjax.agent.webshop)."""
+    """How the policy picks actions: by scoring each valid action's description (score mode, see
+    esjax.agent.webshop), or by writing the action as text (generate mode, see esjax.agent.react)."""
 
+    mode: Literal["score", "generate"] = Field(
+        "score", description="score: the policy ranks candidate action descriptions; generate: it writes each action "
+                             "(search[...] / click[...]) token by token, sampled for training, greedy for evaluation")
     prompt_style: Literal["auto", "compact", "chat"] = Field(
         "auto", description="compact one-line state, or the full observation in the chat template; "
                             "auto = chat when the model has a chat template and is not the embedded policy")
@@ -237,6 +241,12 @@ class AgentSection(_Section):
     score_norm: Literal["mean", "sum"] = Field(
         "mean", description="compare candidates by mean per-token log-likelihood (mean) or its sum (sum: "
                             "favours short candidates such as 'next page')")
+    max_new_tokens: int = Field(32, ge=1, le=65_536, description="generate mode: longest reply of one turn")
+    top_p: float = Field(1.0, gt=0, le=1, description="generate mode: nucleus sampling mass (1: off)")
+    top_k: int = Field(0, ge=0, le=1_000_000, description="generate mode: sample among the k likeliest tokens (0: off)")
+    reasoning: bool = Field(False, description="generate mode: ask for 'Thought: ...' then 'Action: ...' (ReAct)")
+    decode_steps: int = Field(1, ge=1, le=1024, description="generate mode: decode steps per tick (more: fewer host "
+                                                          "round trips, more steps wasted after a reply completes)")
 
 
 class MeshSection(_Section):

@@ -50,7 +50,15 @@ from esjax.loop.rollout import Episode, RolloutEngine
 from esjax.loop.tasks import hash_ints
 from esjax.loop.types import Result, UpdateRecord
 from esjax.metrics import MetricsWriter
-from esjax.parts import build_agent, build_coordinator, build_es_config, build_policy, build_pool, build_shop
+from esjax.parts import (
+    build_agent,
+    build_coordinator,
+    build_engine,
+    build_es_config,
+    build_policy,
+    build_pool,
+    build_shop,
+)
 from esjax.progress import Progress
 from esjax.traces import write_traces
 
@@ -79,9 +87,8 @@ class Trainer:
         self.traces = config.run.traces == "eval"  # write every evaluation's episode traces
         capacity = config.schedule.slots * config.env.tasks_per_member + len(self.eval_goals)
         self.pool = build_pool(config, self.shop, capacity)  # env.pool: in this process, worker processes or Ray
-        self.engine = RolloutEngine(self.pool, self.agent, self.policy.config, self.es_config.noise,
-                                    lambda v: float(self.es_config.sigma_at(v)), config.env.max_steps,
-                                    config.agent.temperature, step_timeout=config.env.step_timeout_s)
+        self.engine: RolloutEngine = build_engine(config, self.pool, self.agent, self.policy, self.es_config)
+        self.generate = config.agent.mode == "generate"  # update and eval records count invalid actions
         self.mesh = None
         self.sharded = None
         if config.mesh.distributed:
@@ -274,14 +281,16 @@ class Trainer:
                 "seconds": now - self.last_update_wall,
                 # rollout time (ticks) of each accepted member, in acceptance order: the measured
                 # episode-duration distribution that experiments/wallclock.py feeds to the simulator
-                "durations": [float(d) for d in record.cohort.durations]}
+                "durations": [float(d) for d in record.cohort.durations],
+                **({"invalid_actions": since.invalid_actions} if self.generate else {})}
 
     def _start_eval(self, version: int) -> None:
         if version in self.evaluated_versions:
             return
         self.evaluated_versions.add(version)
         self.eval_params[version] = self.params_at(version)
-        ev = Evaluation(self.next_eval_id, version, self.eval_goals, self.counters.tick, self.wall_time())
+        ev = Evaluation(self.next_eval_id, version, self.eval_goals, self.counters.tick, self.wall_time(),
+                        invalid_actions=0 if self.generate else None)
         self.evals[ev.eval_id] = ev
         self.next_eval_id += 1
 
@@ -391,9 +400,12 @@ class Trainer:
                     ev.recorder.forget(episode.position)
                 self._maybe_finish_eval(ev)
             return
+        invalid = getattr(episode, "invalid_actions", 0)  # generate mode
         if episode.kind == "eval":
             ev = self.evals[episode.owner]
             ev.rewards[episode.position] = episode.reward
+            if ev.invalid_actions is not None:
+                ev.invalid_actions += invalid
             self._trace_eval(ev, episode)
             self._maybe_finish_eval(ev)
             return
@@ -401,6 +413,7 @@ class Trainer:
         if jp is None:
             return
         self.counters.since_update.episodes += 1
+        self.counters.since_update.invalid_actions += invalid
         jp.rewards[episode.position] = episode.reward
         if len(jp.rewards) == self.config.env.tasks_per_member:
             done_jobs.append(episode.owner)
@@ -498,7 +511,7 @@ class Trainer:
         """Everything but arrays that a resume needs; :meth:`restore` reads exactly this back."""
         return {**self.counters.to_dict(), "wall_time": self.wall_time(),
                 "coordinator": self.coord.state_dict(), "saved_versions": self._needed_versions(),
-                "episodes": [self.engine.live[row].to_dict() for row in sorted(self.engine.live)],
+                "episodes": self.engine.checkpoint_episodes(),
                 "free_rows": list(self.engine.free_rows),
                 "jobs": {str(jid): jp.to_dict() for jid, jp in sorted(self.jobs.items())},
                 "evals": [ev.to_dict() for ev in self.evals.values()],

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     from esjax.evaluate import evaluate_policy
 
     result = evaluate_policy(policy.config, params, build_agent(config, policy), shop, goals, config.env.max_steps,
-                             traces=bool(args.traces))
+                             traces=bool(args.traces), max_new_tokens=config.agent.max_new_tokens)
     traces = result.pop("traces", None)
     if traces is not None:
         from esjax.traces import write_traces

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from esjax.agent.react import GenerateAgent
 from esjax.agent.webshop import WebShopAgent
 from esjax.es.noise import NoiseSpec
 from esjax.loop.rollout import RolloutEngine
@@ -18,15 +19,24 @@ from esjax.stats import eval_intervals
 from esjax.traces import TraceRecorder
 
 
-def evaluate_policy(model_config: ModelConfig, params: Any, agent: WebShopAgent, shop: Any, goals: list[int],
-                    max_steps: int, batch: int = 256, traces: bool = False) -> dict[str, Any]:
+def evaluate_policy(model_config: ModelConfig, params: Any, agent: WebShopAgent | GenerateAgent, shop: Any,
+                    goals: list[int], max_steps: int, batch: int = 256, traces: bool = False,
+                    max_new_tokens: int = 32) -> dict[str, Any]:
     """Score (100 × mean reward), success rate (share of reward 1.0), their 95% intervals over goals, and per
     goal: the goal index, reward and success flag. ``traces``: also each episode's trace line
-    (:mod:`esjax.traces`) under ``"traces"``, in goal order."""
+    (:mod:`esjax.traces`) under ``"traces"``, in goal order. A :class:`GenerateAgent` writes its actions
+    (generate mode, greedy, replies of up to ``max_new_tokens`` tokens)."""
     from envs.webshop_bridge import EnvPool
 
-    engine = RolloutEngine(EnvPool(shop, max(1, min(batch, len(goals)))), agent, model_config, NoiseSpec(),
-                           lambda v: 0.0, max_steps, temperature=0.0)
+    pool = EnvPool(shop, max(1, min(batch, len(goals))))
+    if isinstance(agent, GenerateAgent):
+        from esjax.agent.lanes import Sampling
+        from esjax.loop.generate import GenerateEngine
+
+        engine = GenerateEngine(pool, agent, model_config, NoiseSpec(), lambda v: 0.0, max_steps, Sampling(),
+                                max_new_tokens, max_prompt_tokens=agent.max_prompt_tokens)
+    else:
+        engine = RolloutEngine(pool, agent, model_config, NoiseSpec(), lambda v: 0.0, max_steps, temperature=0.0)
     recorder = TraceRecorder() if traces else None
     lines: list[dict[str, Any] | None] = [None] * len(goals)
     rewards = np.zeros(len(goals))

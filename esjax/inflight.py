@@ -31,6 +31,7 @@ class Evaluation:
     # run.traces: eval: observation snippets of live episodes (by position) and finished episodes' trace lines
     recorder: TraceRecorder = dataclasses.field(default_factory=TraceRecorder)
     traces: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    invalid_actions: int | None = None  # generate mode: invalid actions of the finished episodes
 
     @property
     def complete(self) -> bool:
@@ -41,12 +42,15 @@ class Evaluation:
         return {"kind": "eval", "version": self.version, "score": float(100 * rewards.mean()),
                 "success_rate": float(np.mean(rewards == 1.0)), "mean_reward": float(rewards.mean()),
                 **eval_intervals(rewards.tolist()),  # 95% over goals: t interval (score), Wilson (success rate)
-                "goals": len(self.goals), "wall_time": wall_time, "eval_seconds": wall_time - self.started_wall}
+                "goals": len(self.goals), "wall_time": wall_time, "eval_seconds": wall_time - self.started_wall,
+                **({} if self.invalid_actions is None else {"invalid_actions": self.invalid_actions})}
 
     def to_dict(self) -> dict[str, Any]:
         out = {"eval_id": self.eval_id, "version": self.version, "started_tick": self.started_tick,
                "next_position": self.next_position, "rewards": {str(k): v for k, v in self.rewards.items()},
                "retry": list(self.retry), "failures": self.failures}
+        if self.invalid_actions is not None:
+            out["invalid_actions"] = self.invalid_actions
         if self.traces or self.recorder.observations:
             out["traces"] = {str(k): v for k, v in self.traces.items()}
             out["observations"] = {str(k): list(v) for k, v in self.recorder.observations.items()}
@@ -59,6 +63,8 @@ class Evaluation:
                  int(data["next_position"]), {int(k): float(v) for k, v in data["rewards"].items()},
                  [int(p) for p in data.get("retry", [])], int(data.get("failures", 0)))
         ev.traces = {int(k): v for k, v in (data.get("traces") or {}).items()}
+        if data.get("invalid_actions") is not None:
+            ev.invalid_actions = int(data["invalid_actions"])
         ev.recorder.observations = {int(k): list(v) for k, v in (data.get("observations") or {}).items()}
         return ev
 
@@ -94,6 +100,7 @@ class SinceUpdate:
     tokens: int = 0
     episodes: int = 0
     busy_ticks: float = 0.0  # Σ over ticks of the share of slots holding a job
+    invalid_actions: int = 0  # generate mode: invalid actions of the training episodes finished
 
 
 @dataclasses.dataclass
@@ -117,7 +124,8 @@ class LoopCounters:
         since = data.get("since_update", {})
         return cls(int(data["tick"]),
                    SinceUpdate(int(since.get("ticks", 0)), int(since.get("rows", 0)), int(since.get("tokens", 0)),
-                               int(since.get("episodes", 0)), float(data["busy_ticks"])),
+                               int(since.get("episodes", 0)), float(data["busy_ticks"]),
+                               int(since.get("invalid_actions", 0))),
                    float(data["wall_time"]), int(data.get("nonfinite_rejections", 0)),
                    int(data.get("constant_fitness_streak", 0)),
                    None if data.get("stopped_at") is None else int(data["stopped_at"]), bool(data.get("finished")))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from esjax.agent.policy import LoadedPolicy, load_policy
+from esjax.agent.react import GenerateAgent
 from esjax.agent.webshop import WebShopAgent
 from esjax.checkpoint import Checkpointer
 from esjax.config import Config, ConfigError
@@ -21,6 +22,7 @@ from esjax.es.schedules import constant, cosine, linear
 from esjax.es.step import ESConfig
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig
 from esjax.loop.engine import ESUpdate
+from esjax.loop.rollout import RolloutEngine
 from esjax.loop.schedules import make_schedule
 from esjax.rundir import resume_config
 
@@ -95,7 +97,9 @@ def resolve_prompt_style(config: Config, policy: LoadedPolicy) -> str:
     return style
 
 
-def build_agent(config: Config, policy: LoadedPolicy) -> WebShopAgent:
+def build_agent(config: Config, policy: LoadedPolicy) -> WebShopAgent | GenerateAgent:
+    if config.agent.mode == "generate":
+        return build_generate_agent(config, policy)
     style = resolve_prompt_style(config, policy)
     renderer = policy.chat_renderer()
     if style == "chat" and renderer is None:
@@ -103,6 +107,35 @@ def build_agent(config: Config, policy: LoadedPolicy) -> WebShopAgent:
                           "(tokenizer_config.json chat_template)")
     return WebShopAgent(policy.tokenizer, style, renderer, config.agent.max_prompt_tokens,
                         config.agent.max_candidate_tokens, config.agent.score_norm)
+
+
+def build_generate_agent(config: Config, policy: LoadedPolicy) -> GenerateAgent:
+    """Generate mode's agent: the chat template when the model has one (a plain rendering otherwise), and the
+    model's end-of-sequence tokens (config.json's and the tokenizer's) as stop tokens."""
+    stop = set(policy.config.eos_token_ids)
+    for name in ("eos_token", "<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+        token = policy.special_tokens.get(name, name) if name == "eos_token" else name
+        token_id = policy.tokenizer.token_to_id(token) if isinstance(token, str) else None
+        if token_id is not None:
+            stop.add(int(token_id))
+    renderer = policy.chat_renderer() if config.agent.prompt_style != "compact" else None
+    return GenerateAgent(policy.tokenizer, renderer, sorted(stop), config.agent.max_prompt_tokens,
+                         config.agent.reasoning)
+
+
+def build_engine(config: Config, pool, agent, policy: LoadedPolicy, es_config: ESConfig):
+    """The rollout engine of ``agent.mode``: candidate scoring (score) or generation (generate)."""
+    sigma_at = lambda v: float(es_config.sigma_at(v))
+    a, env = config.agent, config.env
+    if a.mode == "generate":
+        from esjax.agent.lanes import Sampling
+        from esjax.loop.generate import GenerateEngine
+
+        return GenerateEngine(pool, agent, policy.config, es_config.noise, sigma_at, env.max_steps,
+                              Sampling(a.temperature, a.top_p, a.top_k), a.max_new_tokens, a.decode_steps,
+                              a.max_prompt_tokens, step_timeout=env.step_timeout_s)
+    return RolloutEngine(pool, agent, policy.config, es_config.noise, sigma_at, env.max_steps, a.temperature,
+                         step_timeout=env.step_timeout_s)
 
 
 def build_es_config(config: Config) -> ESConfig:

@@ -1,8 +1,8 @@
 """The seams of the training loop, as Protocols: what the rollout engine needs of an env pool and of an agent.
 
-A new task plugs in by implementing these (the WebShop bridge's ``EnvPool`` and ``esjax.agent.WebShopAgent``
-are the reference implementations); the loop itself never imports a task. The staleness schedule's seam is
-:class:`esjax.loop.schedules.Schedule`.
+A new task plugs in by implementing these (the WebShop bridge's ``EnvPool``, ``esjax.agent.webshop.WebShopAgent``
+(score mode) and ``esjax.agent.react.GenerateAgent`` (generate mode) are the reference implementations); the
+loop itself never imports a task. The staleness schedule's seam is :class:`esjax.loop.schedules.Schedule`.
 """
 
 from __future__ import annotations
@@ -73,4 +73,38 @@ class ScoringAgent(Protocol):
 
     def remember(self, memory: Any, available: dict[str, Any], picked: Choice) -> None:
         """Update ``memory`` after ``picked`` was taken on the page ``available`` describes."""
+        ...
+
+
+@runtime_checkable
+class GeneratingAgent(Protocol):
+    """Generate mode: the agent turns a page into a prompt, the policy writes a reply token by token, and the agent
+    parses the reply into an env action (an unparsable one is sent as it is: the env's no-op). The agent owns its
+    per-episode memory."""
+
+    stop_token_ids: frozenset[int]  # tokens that end a reply
+    closing_ids: frozenset[int]  # tokens after which a reply may hold a complete action
+
+    def new_memory(self, instruction: str) -> Any:
+        """The memory of a new episode."""
+        ...
+
+    def prompt_ids(self, observation: str, available: dict[str, Any], memory: Any) -> list[int]:
+        """Prompt token ids of one turn."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of reply tokens (stop tokens left out)."""
+        ...
+
+    def complete(self, text: str) -> bool:
+        """Whether a reply holds a complete action (its turn can end)."""
+        ...
+
+    def parse(self, text: str) -> tuple[str, str, bool]:
+        """(reply kept, env action, whether an action was found)."""
+        ...
+
+    def remember(self, memory: Any, reply: str, action: str, info: dict[str, Any]) -> None:
+        """Update ``memory`` after ``action`` was stepped and the env answered with ``info``."""
         ...

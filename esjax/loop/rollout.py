@@ -130,6 +130,12 @@ class TickStats:
                 setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
+def restore_arguments(data: dict[str, Any]) -> dict[str, Any]:
+    """:meth:`RolloutEngine.start`'s arguments for an episode from a checkpoint (:meth:`Episode.to_dict`)."""
+    ints = {k: int(data[k]) for k in ("owner", "version", "index", "goal", "position", "sampling_seed", "row")}
+    return {"kind": data["kind"], **ints, "greedy": bool(data["greedy"]), "trace": data["trace"]}
+
+
 class RolloutEngine:
     """Runs episodes of many members and versions in lock-step ticks over one env pool.
 
@@ -188,30 +194,35 @@ class RolloutEngine:
         ``row`` pins the env row (a resumed run puts every episode back where it was, so batches are
         assembled in the same order as in the uninterrupted run).
         """
+        episode = self._open_episode(Episode, row, kind, owner, version, index, goal, position, sampling_seed, greedy)
+        for text, action in trace:
+            self.agent.remember(episode.memory, episode.available, _Replayed(text, action))
+            episode.observation, episode.available, done, _ = self._replay_step(episode.row, action)
+            episode.trace.append((text, action))
+            if done:
+                raise RuntimeError(f"replayed trace of goal {goal} ended its episode; it should still be live")
+        self.live[episode.row] = episode
+        return episode
+
+    def _open_episode(self, cls: type[Episode], row: int | None, *fields: Any) -> Any:
+        """An episode of type ``cls`` in ``row`` (None: a free row), its env reset to its goal; ``fields``: the
+        episode's fields from ``kind`` to ``greedy`` (as :meth:`start` takes them)."""
         if not self.free_rows:
             raise RuntimeError("no free env rows: start fewer episodes or raise the pool's capacity")
         if row is None:
             row = self.free_rows.pop()
         else:
             self.free_rows.remove(row)
-        observation, instruction, available = self._open(row, goal)
-        episode = Episode(row, kind, owner, version, index, goal, position, sampling_seed, greedy,
-                          self.agent.new_memory(instruction), observation, available)
-        for text, action in trace:
-            self.agent.remember(episode.memory, episode.available, _Replayed(text, action))
-            episode.observation, episode.available, done, _ = self._replay_step(row, action)
-            episode.trace.append((text, action))
-            if done:
-                raise RuntimeError(f"replayed trace of goal {goal} ended its episode; it should still be live")
-        self.live[row] = episode
-        return episode
+        observation, instruction, available = self._open(row, fields[4])
+        return cls(row, *fields, self.agent.new_memory(instruction), observation, available)
 
     def restore_episode(self, data: dict[str, Any]) -> Episode:
         """An episode from a checkpoint (:meth:`Episode.to_dict`), back in its row, its trace replayed."""
-        return self.start(data["kind"], owner=int(data["owner"]), version=int(data["version"]),
-                          index=int(data["index"]), goal=int(data["goal"]), position=int(data["position"]),
-                          sampling_seed=int(data["sampling_seed"]), greedy=bool(data["greedy"]), trace=data["trace"],
-                          row=int(data["row"]))
+        return self.start(**restore_arguments(data))
+
+    def checkpoint_episodes(self) -> list[dict[str, Any]]:
+        """The live episodes as a checkpoint holds them (:meth:`Episode.to_dict`, in row order)."""
+        return [self.live[row].to_dict() for row in sorted(self.live)]
 
     def stop(self, predicate: Callable[[Episode], bool]) -> list[Episode]:
         """Drop (without finishing) every live episode matching ``predicate``; frees their rows."""
@@ -309,12 +320,16 @@ class RolloutEngine:
                 episode.available = available[episode.row]
                 if done:
                     episode.done, episode.reward, episode.info = True, float(reward), info
-            if episode.done or episode.steps >= self.max_steps:
-                episode.done = True
-                finished.append(episode)
-                del self.live[episode.row]
-                self.free_rows.append(episode.row)
+            self._retire_if_over(episode, finished)
         return finished, stats
+
+    def _retire_if_over(self, episode: Episode, finished: list[Episode]) -> None:
+        """An episode that ended (or reached ``max_steps``) leaves ``live`` for ``finished``; its row is free."""
+        if episode.done or episode.steps >= self.max_steps:
+            episode.done = True
+            finished.append(episode)
+            del self.live[episode.row]
+            self.free_rows.append(episode.row)
 
     # ------------------------------------------------------------------------------------------- env calls
     def _open(self, row: int, goal: int) -> tuple[str, str, dict]:

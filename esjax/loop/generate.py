@@ -1,0 +1,295 @@
+"""Generate-mode rollouts: the policy writes each action, with continuous batching at the decode-step level.
+
+**Tick structure.** A tick of :class:`GenerateEngine` is ``decode_steps`` decode steps (default 1), not one
+action per episode as in score mode, because turns have very different lengths: a ``click[buy now]`` takes a few
+tokens, a search query or a ReAct thought dozens. One tick:
+
+1. rows whose episode starts a turn (a new episode, or the page after an env step) are **prefilled**: their
+   prompts, grouped per version, run through the model as one small batch; their keys and values are inserted
+   into their version's decode lane (:class:`esjax.agent.lanes.Lane`) and their first token is drawn;
+2. every row mid-turn takes ``decode_steps`` **decode steps** (one batched forward per live version: rows of one
+   version share θ_v, each row applies its own ES member inside the matmuls);
+3. the host reads the new tokens; a row whose reply now holds a complete action (or an end-of-sequence token,
+   or ``max_new_tokens`` tokens) ends its turn: its action is parsed and the **env steps** it, and a row whose
+   episode ended frees its env row and lane row for the next episode at once.
+
+So a row that finishes its turn at decode step 3 acts and starts its next turn's prefill in the next tick while
+its neighbours keep decoding; nobody waits for the longest reply, and lane rows left over by an ended episode
+are refilled by the driver's next dispatch. The wasted compute is the lane rows that hold no live turn during a
+decode step (lanes grow in powers of two) and, with ``decode_steps > 1``, the steps after a row's reply
+completed within a tick (``benchmarks/generation.py`` measures both). One decode step per tick costs a host
+round trip per step; several trade that for wasted steps.
+
+**Sampling.** Training rows sample with the configured temperature / top-k / top-p from counter-based keys:
+token ``n`` of turn ``t`` of the episode at task position ``p`` uses a key derived from
+``hash(sampling seed of the task batch, p, t)`` and ``n`` only. The sampling seed is the version's (every member
+of a version shares it: common random numbers), so two members draw with the same keys and differ only
+through their parameters. Evaluation rows are greedy.
+
+**Determinism and resume.** Everything is a function of the episodes started and the parameters. An episode's
+``trace`` holds each finished turn's reply and the action sent to the env, so :meth:`GenerateEngine.start`
+replays an episode without the model; a turn in progress at a checkpoint is kept as its tokens so far
+(``partial``). When the driver checkpoints (:meth:`GenerateEngine.checkpoint_episodes`), the engine drops its
+device state and every live row resumes by a prefill of its prompt plus its partial tokens at the next tick —
+in the uninterrupted run exactly as in a run resumed from that checkpoint, so the two stay bit-identical.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from esjax.agent.buckets import next_power_of_two
+from esjax.agent.lanes import PREFILL_BUCKETS, Lane, RowState, Sampling, split_seed
+from esjax.es.noise import NoiseSpec
+from esjax.loop.protocols import EnvPool, GeneratingAgent
+from esjax.loop.rollout import Episode, EpisodeKind, RolloutEngine, TickStats, restore_arguments
+from esjax.loop.tasks import hash_ints
+from esjax.model.config import ModelConfig
+
+_TAG_TURN = 0x7E57  # separates the turn seeds from any other use of the sampling seed
+
+
+@dataclasses.dataclass
+class GenEpisode(Episode):
+    """An episode of generate mode: its current turn's prompt and tokens so far."""
+
+    tokens: list[int] = dataclasses.field(default_factory=list)  # this turn's tokens so far
+    prompt_len: int = 0
+    needs_prefill: bool = True
+    invalid_actions: int = 0
+
+    @property
+    def turn(self) -> int:
+        return len(self.trace)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "partial": list(self.tokens)}
+
+
+@dataclasses.dataclass
+class GenTickStats(TickStats):
+    """:class:`TickStats` plus generation's own counts."""
+
+    prefill_rows: int = 0
+    decode_steps: int = 0  # decode steps run (per lane)
+    row_steps: int = 0  # lane rows × decode steps computed
+    useful_steps: int = 0  # of which produced a token of a live turn
+    generated: int = 0  # tokens kept in replies
+    invalid_actions: int = 0
+
+
+def turn_seed(sampling_seed: int, position: int, turn: int) -> int:
+    """The 64-bit seed of one turn's token draws (common to every member of a version)."""
+    return hash_ints(_TAG_TURN, sampling_seed, position, turn)
+
+
+class GenerateEngine(RolloutEngine):
+    """Runs generate-mode episodes of many members and versions over one env pool (see the module docstring).
+
+    Same interface as :class:`~esjax.loop.rollout.RolloutEngine` (``start``, ``restore_episode``, ``stop``,
+    ``tick``, ``live``, ``free``, ``free_rows``); the agent is a :class:`~esjax.loop.protocols.GeneratingAgent`.
+
+    Args:
+      sampling: temperature / top-k / top-p of training rows (evaluation rows are greedy).
+      max_new_tokens: longest reply of one turn.
+      decode_steps: decode steps per tick.
+      max_prompt_tokens: the agent's prompt limit (sizes the decode lanes).
+    """
+
+    def __init__(self, pool: EnvPool, agent: GeneratingAgent, model_config: ModelConfig, noise: NoiseSpec,
+                 sigma_at: Callable[[int], float], max_steps: int, sampling: Sampling, max_new_tokens: int,
+                 decode_steps: int = 1, max_prompt_tokens: int = 1024, step_timeout: float | None = None):
+        super().__init__(pool, agent, model_config, noise, sigma_at, max_steps, sampling.temperature,
+                         step_timeout=step_timeout)
+        if max_new_tokens < 1 or decode_steps < 1:
+            raise ValueError(f"generate: need max_new_tokens >= 1 and decode_steps >= 1, got {max_new_tokens}, "
+                             f"{decode_steps}")
+        self.sampling = sampling
+        self.max_new_tokens = max_new_tokens
+        self.decode_steps = decode_steps
+        longest_prefill = PREFILL_BUCKETS.length(max_prompt_tokens + max_new_tokens)
+        self.lane_length = longest_prefill + 2 * (max_new_tokens + decode_steps)
+        self.lanes: dict[int, Lane] = {}
+        self.lane_row: dict[int, tuple[int, int]] = {}  # env row -> (version, lane row)
+        self.live: dict[int, GenEpisode] = {}
+
+    # ------------------------------------------------------------------------------------------- episodes
+    def start(self, kind: EpisodeKind, *, owner: int, version: int, index: int, goal: int, position: int,
+              sampling_seed: int, greedy: bool, trace: Sequence[Sequence[str]] = (), row: int | None = None,
+              partial: Sequence[int] = ()) -> GenEpisode:
+        """Open an episode in a free row; a ``trace`` of (reply, action) pairs is replayed first and ``partial``
+        (tokens of the turn in progress) continues at the next tick."""
+        episode = self._open_episode(GenEpisode, row, kind, owner, version, index, goal, position, sampling_seed,
+                                     greedy)
+        for reply, action in trace:
+            episode.observation, available, done, info = self._replay_step(episode.row, action)
+            self._acted(episode, reply, action, info, available)
+            if done:
+                raise RuntimeError(f"replayed trace of goal {goal} ended its episode; it should still be live")
+        episode.tokens = [int(t) for t in partial]
+        self.live[episode.row] = episode
+        return episode
+
+    def restore_episode(self, data: dict[str, Any]) -> GenEpisode:
+        return self.start(**restore_arguments(data), partial=data.get("partial", ()))
+
+    def stop(self, predicate: Callable[[Episode], bool]) -> list[Episode]:
+        dropped = super().stop(predicate)
+        for episode in dropped:
+            self._release(episode.row)
+        return dropped
+
+    def checkpoint_episodes(self) -> list[dict[str, Any]]:
+        """The live episodes as a checkpoint holds them. Also drops the device state (lanes): every live row
+        resumes at the next tick by a prefill of its prompt and partial tokens, as a resumed run's rows do."""
+        self.lanes.clear()
+        self.lane_row.clear()
+        for episode in self.live.values():
+            episode.needs_prefill = True
+        return [self.live[row].to_dict() for row in sorted(self.live)]
+
+    def _release(self, row: int) -> None:
+        where = self.lane_row.pop(row, None)
+        if where is not None and where[0] in self.lanes:
+            self.lanes[where[0]].release(where[1])
+
+    def _acted(self, episode: GenEpisode, reply: str, action: str, info: dict, available: dict) -> None:
+        self.agent.remember(episode.memory, reply, action, info)
+        episode.available = available
+        episode.trace.append((reply, action))
+        if not info.get("valid", True):
+            episode.invalid_actions += 1
+
+    # ------------------------------------------------------------------------------------------- one tick
+    def _state(self, episode: GenEpisode) -> RowState:
+        lo, hi = split_seed(turn_seed(episode.sampling_seed, episode.position, episode.turn))
+        return RowState((episode.version, episode.index, episode.kind == "train"), lo, hi, episode.greedy,
+                        count=len(episode.tokens))
+
+    def _lane(self, version: int, dtype: Any, rows: int) -> Lane:
+        lane = self.lanes.get(version)
+        if lane is None:
+            lane = Lane(self.model_config, next_power_of_two(max(rows, 1)), self.lane_length, dtype, self.sampling)
+            self.lanes[version] = lane
+        return lane
+
+    def tick(self, params_at: Callable[[int], Any]) -> tuple[list[Episode], GenTickStats]:
+        """Prefill starting turns, ``decode_steps`` decode steps for every row mid-turn, env steps for rows whose
+        turn ended; returns the episodes that finished and the tick's stats."""
+        stats = GenTickStats()
+        episodes = [self.live[row] for row in sorted(self.live)]
+        if not episodes:
+            return [], stats
+        versions: dict[int, list[GenEpisode]] = {}
+        for episode in episodes:
+            versions.setdefault(episode.version, []).append(episode)
+        for version in [v for v in self.lanes if v not in versions]:
+            del self.lanes[version]
+        steps = self.decode_steps
+        pending = []
+        for version, group in sorted(versions.items()):
+            params = params_at(version)
+            lane = self._lane(version, params["embed"]["embedding"].dtype, len(group))
+            t0 = time.perf_counter()
+            entries, starting = [], []
+            for episode in group:
+                if not episode.needs_prefill:
+                    continue
+                self._release(episode.row)
+                slot = lane.free_row()
+                lane.states[slot] = None  # reserved (a real state is set by prefill)
+                self.lane_row[episode.row] = (version, slot)
+                ids = self.agent.prompt_ids(episode.observation, episode.available, episode.memory)
+                episode.prompt_len = len(ids)
+                entries.append((slot, ids + episode.tokens, self._state(episode)))
+                starting.append(episode)
+                stats.tokens += len(ids) + len(episode.tokens)
+            for slot, _, _ in entries:
+                del lane.states[slot]
+            stats.prepare_s += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            sigma = float(self.sigma_at(version))
+            first = lane.prefill(params, self.noise, sigma, entries, steps)
+            out = lane.decode(params, self.noise, sigma, steps, prefilled=first is not None)
+            stats.model_s += time.perf_counter() - t0
+            pending.append((lane, group, starting, first, out))
+            stats.calls += 1 + (first is not None)
+            stats.prefill_rows += len(entries)
+            stats.decode_steps += steps
+            stats.row_steps += lane.rows * steps
+
+        t0 = time.perf_counter()
+        ended: list[GenEpisode] = []
+        for lane, group, starting, first, out in pending:
+            first_h = None if first is None else np.asarray(first)
+            out_h = np.asarray(out)
+            for i, episode in enumerate(starting):
+                episode.needs_prefill = False
+                self._take(episode, [int(first_h[i])])
+            for episode in group:
+                slot = self.lane_row[episode.row][1]
+                stats.useful_steps += self._take(episode, [int(t) for t in out_h[slot]])
+                if self._turn_over(episode):
+                    ended.append(episode)
+                else:
+                    lane.states[slot].cur = episode.tokens[-1]
+        stats.model_s += time.perf_counter() - t0
+        stats.model_rows = sum(len(g) for _, g, _, _, _ in pending)
+        return self._act(ended, stats)
+
+    def _take(self, episode: GenEpisode, tokens: list[int]) -> int:
+        """Append tokens to the turn until it is over (stop token, complete action or ``max_new_tokens``);
+        returns how many were kept."""
+        kept = 0
+        for token in tokens:
+            if self._turn_over(episode):
+                break
+            episode.tokens.append(token)
+            kept += 1
+            if token in self.agent.closing_ids and self.agent.complete(self.agent.decode(episode.tokens)):
+                episode.tokens.append(-1)  # marks a complete action (dropped before decoding)
+        return kept
+
+    def _turn_over(self, episode: GenEpisode) -> bool:
+        tokens = episode.tokens
+        return bool(tokens) and (tokens[-1] == -1 or tokens[-1] in self.agent.stop_token_ids
+                                 or len(tokens) >= self.max_new_tokens)
+
+    def _act(self, ended: list[GenEpisode], stats: GenTickStats) -> tuple[list[Episode], GenTickStats]:
+        """Env steps for the rows whose turn ended; returns the episodes that finished."""
+        actions: list[str | None] = [None] * len(self.pool)
+        replies: dict[int, str] = {}
+        for episode in ended:
+            tokens = [t for t in episode.tokens if t >= 0]
+            stats.generated += len(tokens)
+            stats.tokens += len(tokens)
+            reply, action, _ = self.agent.parse(self.agent.decode(tokens))
+            replies[episode.row] = reply
+            actions[episode.row] = action
+            self._release(episode.row)
+            episode.tokens = []
+            episode.needs_prefill = True
+        stats.rows = len(ended)
+        t0 = time.perf_counter()
+        results, failures = self._step(actions)
+        available = self._available(list(results))
+        stats.env_s += time.perf_counter() - t0
+        finished: list[Episode] = []
+        for episode in ended:
+            if episode.row in failures:
+                episode.done, episode.reward, episode.failure = True, 0.0, failures[episode.row]
+            else:
+                observation, reward, done, info = results[episode.row]
+                episode.observation = observation
+                self._acted(episode, replies[episode.row], actions[episode.row], info, available[episode.row])
+                stats.invalid_actions += not info.get("valid", True)
+                if done:
+                    episode.done, episode.reward, episode.info = True, float(reward), info
+            self._retire_if_over(episode, finished)
+        return finished, stats
+
