@@ -81,6 +81,21 @@ def _steps(run_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
 
 
+def killed_after(source: Path, step: int, run_dir: Path) -> Path:
+    """A copy of the run directory ``source`` as a run killed right after its checkpoint ``step`` left it: later
+    checkpoints gone, and the traces of evaluations not finished at ``step`` (the resumed run writes them again)."""
+    shutil.copytree(source, run_dir)
+    for later in _steps(run_dir):
+        if later > step:
+            shutil.rmtree(run_dir / "checkpoints" / str(later))
+    loop = read_loop_state(run_dir, step)
+    finished = set(loop["evaluated_versions"]) - {ev["version"] for ev in loop["evals"]}
+    for path in (run_dir / "traces").iterdir():
+        if int(path.stem.removeprefix("eval-v")) not in finished:
+            path.unlink()
+    return run_dir
+
+
 @pytest.fixture(scope="module", params=list(SCHEDULES))
 def reference(request, tmp_path_factory):
     kind = request.param
@@ -118,17 +133,7 @@ def test_resume_from_every_checkpoint_is_bit_identical(reference, tmp_path):
     steps = _steps(result.run_dir)
     assert steps == list(range(1, UPDATES + 1))
     for step in steps:
-        run_dir = tmp_path / f"from-{step}"
-        shutil.copytree(result.run_dir, run_dir)
-        for later in steps:
-            if later > step:
-                shutil.rmtree(run_dir / "checkpoints" / str(later))
-        # traces of evaluations not finished at the checkpoint are written again by the resumed run
-        loop = read_loop_state(run_dir, step)
-        finished = set(loop["evaluated_versions"]) - {ev["version"] for ev in loop["evals"]}
-        for path in (run_dir / "traces").iterdir():
-            if int(path.stem.removeprefix("eval-v")) not in finished:
-                path.unlink()
+        run_dir = killed_after(result.run_dir, step, tmp_path / f"from-{step}")
         resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
         assert resumed.version == UPDATES
         assert _same_bits(resumed.params, result.params), f"{kind}: θ differs after resuming from {step}"
