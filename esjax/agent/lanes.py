@@ -178,10 +178,10 @@ class Lane:
     def rows(self) -> int:
         return int(self.cache["valid"].shape[0])
 
-    def free_row(self) -> int:
-        """The lowest free lane row, growing the lane (doubling its rows) when it is full."""
+    def free_row(self, taken: set[int] | frozenset[int] = frozenset()) -> int:
+        """The lowest lane row neither live nor in ``taken``, growing the lane (doubling its rows) when it is full."""
         for r in range(self.rows):
-            if r not in self.states:
+            if r not in self.states and r not in taken:
                 return r
         old = self.rows
         grow = lambda x, axis: jnp.concatenate([x, jnp.zeros(x.shape[:axis] + (old,) + x.shape[axis + 1:], x.dtype)],

@@ -201,16 +201,13 @@ class GenerateEngine(RolloutEngine):
                 if not episode.needs_prefill:
                     continue
                 self._release(episode.row)
-                slot = lane.free_row()
-                lane.states[slot] = None  # reserved (a real state is set by prefill)
+                slot = lane.free_row({e[0] for e in entries})
                 self.lane_row[episode.row] = (version, slot)
                 ids = self.agent.prompt_ids(episode.observation, episode.available, episode.memory)
                 episode.prompt_len = len(ids)
                 entries.append((slot, ids + episode.tokens, self._state(episode)))
                 starting.append(episode)
                 stats.tokens += len(ids) + len(episode.tokens)
-            for slot, _, _ in entries:
-                del lane.states[slot]
             stats.prepare_s += time.perf_counter() - t0
             t0 = time.perf_counter()
             sigma = float(self.sigma_at(version))
