@@ -122,7 +122,8 @@ def _measure_search(shop, queries: int) -> dict:
             "search_cpu_ms_median": 1000 * statistics.median(cpu["fast"]),
             "exact_search_cpu_ms_median": 1000 * statistics.median(cpu["exact"]), "search_queries": len(texts),
             "search_identical_top50": identical, "search_pruned_queries": pruned,
-            "search_uses_pruning": bool(engine.pruning)}
+            "search_uses_pruning": bool(engine.pruning),
+            "search_bitmaps_mib": engine._pruning_state.dense_nbytes() / 2**20}
 
 
 def worker(kind: str, size: int, episodes: int, queries: int = 1000) -> dict:
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['exact_search_ms_median']:>9.3f} {r['search_ms_median'] / r['exact_search_ms_median']:>6.2f} "
               f"{r['search_cpu_ms_median']:>7.3f} {r['exact_search_cpu_ms_median']:>10.3f} "
               f"{r['search_identical_top50']:>5,}/{r['search_queries']:<6,} ({how}; pruned path ran on "
-              f"{r['search_pruned_queries']:,})")
+              f"{r['search_pruned_queries']:,}; term bitmaps {r['search_bitmaps_mib']:.1f} MiB)")
     for r in results:
         if "warm_from_disk_cache_s" in r:
             print(f"{r['size']:,} products: cold load {r['load_s']:.2f} s, with cache write "

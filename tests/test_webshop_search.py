@@ -199,3 +199,52 @@ def test_pruned_search_threads_and_interrupted_passes(monkeypatch):
     monkeypatch.setattr(pruned, "_walk_is_cheaper", real)
     assert not slots().any()  # the half-filled map was dropped
     assert [engine.search_pruned(q) for q in queries] == expected  # the map was rebuilt, not reused
+
+
+def _with_copies(engine: SearchEngine, copies: int) -> SearchEngine:
+    """The same index with every document repeated ``copies`` times (ids d*copies .. d*copies+copies-1):
+    every score is tied ``copies`` ways, so each top-k cut falls inside a tie."""
+    old, new = engine.retriever, bm25s.BM25(k1=0.9, b=0.4, method="lucene")
+    indices = (engine._indices.astype(np.int64)[:, None] * copies + np.arange(copies)).ravel().astype(np.int32)
+    new.scores = {"data": np.repeat(engine._data, copies), "indices": indices, "indptr": engine._indptr * copies,
+                  "num_docs": engine.num_docs * copies}
+    new.vocab_dict, new.unique_token_ids_set, new.nonoccurrence_array = old.vocab_dict, old.unique_token_ids_set, None
+    return SearchEngine(new)
+
+
+@pytest.mark.parametrize("dense_fraction", [0, 16, 10**9])  # no bitmaps, the default, every term a bitmap
+def test_pruned_search_identical_on_tied_catalog_with_and_without_bitmaps(monkeypatch, dense_fraction):
+    """Issue 20: the fast path's top-k is exact BM25's (documents, order, ties to the lower number) on
+    hundreds of goal queries, whichever look-up (bitmap or binary search) each term takes."""
+    import envs.webshop_bridge.pruned as pruned
+
+    monkeypatch.setattr(pruned, "DENSE_FRACTION", dense_fraction)
+    catalog = SyntheticCatalog(6_000, seed=5)
+    engine = _with_copies(catalog.build_search_engine(), 4)
+    goals = SyntheticGoals(catalog, 5)
+    queries = [goals[g].instruction_text.lower() for g in range(0, len(goals), len(goals) // 300)]
+    assert len(queries) >= 300
+    paths = _assert_pruned_matches_exact(engine, queries, ks=(1, 50, 51))
+    assert paths.get("pruned", 0) >= 0.9 * sum(paths.values())
+    assert (len(engine._pruning_state.dense) > 0) == (dense_fraction > 0)
+    assert engine.search(queries[0], 4) == engine.search_exact(queries[0], 4)  # one document's 4 copies
+    assert len(set(np.asarray(engine.search_exact(queries[0], 4)) // 4)) == 1
+
+
+def test_dense_term_finds_what_binary_search_finds():
+    from envs.webshop_bridge.pruned import DenseTerm, _popcount, _popcount_swar
+
+    rng = np.random.default_rng(2)
+    words = rng.integers(0, 2**64, size=1000, dtype=np.uint64)
+    words[:3] = [0, 2**64 - 1, 2**63]
+    assert (_popcount_swar(words) == np.array([bin(int(w)).count("1") for w in words])).all()
+    assert (np.asarray(_popcount(words), dtype=np.int64) == _popcount_swar(words)).all()
+    for num_docs in (1, 63, 64, 65, 1000, 4097):
+        for density in (0.01, 0.5, 1.0):
+            post = np.flatnonzero(rng.random(num_docs) < density).astype(np.int32)
+            post = np.union1d(post, [0, num_docs - 1]).astype(np.int32)  # first and last document
+            docs = np.sort(rng.choice(num_docs, size=min(num_docs, 300), replace=False)).astype(np.int32)
+            hit, pos = DenseTerm(post, num_docs).find(docs)
+            expected = np.flatnonzero(np.isin(docs, post))
+            assert (hit == expected).all()
+            assert (pos == np.searchsorted(post, docs[expected])).all()
