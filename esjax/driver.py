@@ -34,7 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -62,6 +62,9 @@ from esjax.parts import (
 from esjax.progress import Progress
 from esjax.traces import write_traces
 
+if TYPE_CHECKING:
+    from esjax.loop.generate import GenerateEngine
+
 
 class RunAborted(UserError):
     """The run cannot go on (e.g. too many rejected non-finite updates); the last checkpoint is intact."""
@@ -87,7 +90,8 @@ class Trainer:
         self.traces = config.run.traces == "eval"  # write every evaluation's episode traces
         capacity = config.schedule.slots * config.env.tasks_per_member + len(self.eval_goals)
         self.pool = build_pool(config, self.shop, capacity)  # env.pool: in this process, worker processes or Ray
-        self.engine: RolloutEngine = build_engine(config, self.pool, self.agent, self.policy, self.es_config)
+        self.engine: RolloutEngine | GenerateEngine = build_engine(config, self.pool, self.agent, self.policy,
+                                                                   self.es_config)
         self.generate = config.agent.mode == "generate"  # update and eval records count invalid actions
         self.mesh = None
         self.sharded = None

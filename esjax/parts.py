@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from esjax.agent.policy import LoadedPolicy, load_policy
 from esjax.agent.react import GenerateAgent
@@ -22,9 +22,13 @@ from esjax.es.schedules import constant, cosine, linear
 from esjax.es.step import ESConfig
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig
 from esjax.loop.engine import ESUpdate
+from esjax.loop.protocols import EnvPool
 from esjax.loop.rollout import RolloutEngine
 from esjax.loop.schedules import make_schedule
 from esjax.rundir import resume_config
+
+if TYPE_CHECKING:
+    from esjax.loop.generate import GenerateEngine
 
 
 def shop_spec(config: Config):
@@ -50,7 +54,7 @@ def build_shop(config: Config):
         raise ConfigError(f"env.data: {err}") from None
 
 
-def build_pool(config: Config, shop, capacity: int):
+def build_pool(config: Config, shop, capacity: int) -> EnvPool:
     """``capacity`` env sessions where ``env.pool`` says: in this process over ``shop``, or in ``env.workers``
     worker processes / Ray actors that each build the shop from :func:`shop_spec` (a Ray cluster's address
     comes from ``RAY_ADDRESS``; none: Ray starts a local one, unless ``ray.init`` was already called)."""
@@ -123,7 +127,8 @@ def build_generate_agent(config: Config, policy: LoadedPolicy) -> GenerateAgent:
                          config.agent.reasoning)
 
 
-def build_engine(config: Config, pool, agent, policy: LoadedPolicy, es_config: ESConfig):
+def build_engine(config: Config, pool: EnvPool, agent: WebShopAgent | GenerateAgent, policy: LoadedPolicy,
+                 es_config: ESConfig) -> RolloutEngine | GenerateEngine:
     """The rollout engine of ``agent.mode``: candidate scoring (score) or generation (generate)."""
     sigma_at = lambda v: float(es_config.sigma_at(v))
     a, env = config.agent, config.env
