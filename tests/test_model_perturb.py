@@ -64,6 +64,34 @@ def test_population_forward_matches_perturbed_params(spec, tied, model):
     assert np.abs(np.asarray(batched[0] - plain[0])).max() > 1e-2  # active rows really are perturbed
 
 
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_shared_factor_matmul_and_widened_head_match_perturbed_params(tied):
+    """Few groups at rank 1: the ``x A`` products come from one matmul against every group's factors and the
+    tied head takes the rank-1 term into its contraction; still equal to each member's perturbed params, and
+    rows of an inactive group equal the plain model."""
+    from esjax.model import layers
+
+    config = tiny_config(tie_word_embeddings=tied)
+    params = init_params(config, jax.random.key(0), std=0.2)
+    spec = NoiseSpec(seed=5, mode="lowrank", rank=1, scope=Scope(kind="all"))
+    versions, indices, active = [3, 3, 4, 4, 0, 0], [1, 1, 2, 2, 0, 0], [True, True, True, True, False, False]
+    tokens = np.random.RandomState(1).randint(0, config.vocab_size, (6, 10))
+    groups = 3
+    # the shapes take both new paths: 3 groups * rank 1 <= 1/16 of the q/k/v and gate/up output columns
+    # (and of the vocab), and 60 rows*tokens > hidden + 3 (the widened tied head)
+    assert groups <= layers.SHARED_COLUMNS_FRACTION * (config.q_dim + 2 * config.kv_dim)
+    assert groups <= layers.SHARED_COLUMNS_FRACTION * config.vocab_size
+    assert tokens.size > config.hidden_size + groups
+    pert = Perturbation.create(spec, SIGMA, versions, indices, active, group_size=2)
+    batched, _ = forward_jit(config, params, tokens, perturbation=pert)
+    plain, _ = forward_jit(config, params, tokens)
+    for r in range(4):
+        ref, _ = forward_jit(config, _perturbed(spec, params, versions[r], indices[r], SIGMA), tokens[r:r + 1])
+        assert np.abs(np.asarray(batched[r] - ref[0])).max() <= 2e-5, f"row {r}"
+    assert np.abs(np.asarray(batched[4:] - plain[4:])).max() <= 1e-6  # inactive group: the plain model
+    assert np.abs(np.asarray(batched[0] - plain[0])).max() > 1e-2
+
+
 def test_batched_draws_are_bit_identical_to_es_noise(model):
     """prepare() draws all leaves in a few batched threefry calls; it must equal esjax.es.noise exactly."""
     config, params, _ = model

@@ -51,14 +51,17 @@ def _layer(config: ModelConfig, sigma, x, lp, ln, cos, sin, q_slots, k_valid, vi
     """One decoder block. ``lp``: this layer's params; ``ln``: its per-group noise (or None)."""
     B, T, _ = x.shape
 
-    def lin(h, group, name):
-        return nn.dense(h, lp[group][name]["kernel"], _get(lp, group, name, "bias"),
-                        _get(ln, group, name, "kernel"), _get(ln, group, name, "bias"), sigma)
+    def lin(h, group, *names):
+        """The named linear layers of ``group`` on the same input ``h`` (one ``h A`` product for all)."""
+        return nn.dense_shared_input(h, [(lp[group][name]["kernel"], _get(lp, group, name, "bias"),
+                                          _get(ln, group, name, "kernel"), _get(ln, group, name, "bias"))
+                                         for name in names], sigma)
 
     h = nn.rms_norm(x, lp["input_norm"]["scale"], config.rms_norm_eps, _get(ln, "input_norm", "scale"))
-    q = lin(h, "attn", "q_proj").reshape(B, T, config.num_heads, config.head_dim)
-    k = lin(h, "attn", "k_proj").reshape(B, T, config.num_kv_heads, config.head_dim)
-    v = lin(h, "attn", "v_proj").reshape(B, T, config.num_kv_heads, config.head_dim)
+    q, k, v = lin(h, "attn", "q_proj", "k_proj", "v_proj")
+    q = q.reshape(B, T, config.num_heads, config.head_dim)
+    k = k.reshape(B, T, config.num_kv_heads, config.head_dim)
+    v = v.reshape(B, T, config.num_kv_heads, config.head_dim)
     q = nn.apply_rope(q, cos, sin)
     k = nn.apply_rope(k, cos, sin)
     if kv is None:
@@ -71,12 +74,11 @@ def _layer(config: ModelConfig, sigma, x, lp, ln, cos, sin, q_slots, k_valid, vi
         keys = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False).astype(q.dtype)
         values = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False).astype(q.dtype)
     attn = nn.attention(q, keys, values, q_slots, k_valid, visible)
-    x = x + lin(attn, "attn", "o_proj")
+    x = x + lin(attn, "attn", "o_proj")[0]
     x = constrain(x, ACTIVATION_AXES)
     h = nn.rms_norm(x, lp["post_attn_norm"]["scale"], config.rms_norm_eps, _get(ln, "post_attn_norm", "scale"))
-    gate = lin(h, "mlp", "gate_proj")
-    up = lin(h, "mlp", "up_proj")
-    x = x + lin(jax.nn.silu(gate) * up, "mlp", "down_proj")
+    gate, up = lin(h, "mlp", "gate_proj", "up_proj")
+    x = x + lin(jax.nn.silu(gate) * up, "mlp", "down_proj")[0]
     return constrain(x, ACTIVATION_AXES), kv
 
 

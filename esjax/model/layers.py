@@ -1,9 +1,10 @@
 """Building blocks of the decoder, ES-aware: every op takes optional per-group noise.
 
 Activations have a leading row axis ``B``; per-group noise has a leading group axis ``G`` with
-``B = G * rows_per_group`` (rows of a group are contiguous). A ``LowRank`` kernel noise goes through
-``esjax.es.noise.lowrank_matmul`` (one shared base matmul); dense deltas (norm scales, biases) are added
-per group.
+``B = G * rows_per_group`` (rows of a group are contiguous). A ``LowRank`` kernel noise is applied off one
+shared base matmul, ``x W + sigma (x A_g) B_gᵀ / √r`` (as ``esjax.es.noise.lowrank_matmul``), with the
+``x A_g`` products of the layers that read the same ``x`` in one matmul (:func:`dense_shared_input`);
+dense deltas (norm scales, biases) are added per group.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from esjax.es.noise import lowrank_embed, lowrank_matmul
+from esjax.es.noise import lowrank_embed
 from esjax.model.config import ModelConfig
 from esjax.model.perturb import LowRank
 
@@ -38,17 +39,77 @@ def add_delta(x: jax.Array, delta: jax.Array | None) -> jax.Array:
     return _ungroup(g + d)
 
 
+#: The shared-matmul path of :func:`_factor_products` (every row times every group's factor) is taken while its
+#: extra ``groups * rank`` columns are at most this fraction of the base matmuls' output columns (so at most
+#: this fraction more matmul work); beyond it, a per-group batched product.
+SHARED_COLUMNS_FRACTION = 1 / 16
+
+
+def _own_slot(values: jax.Array, groups: int) -> jax.Array:
+    """``[G, R, .., G, k] -> [G, R, .., k]``: each group's own slot ``values[g, ..., g, :]`` (a gather, exact).
+
+    Not a select-and-sum: XLA (CPU) fuses that, with the rank-1 terms, into the base matmuls' YNN epilogues,
+    which here run slower than the base matmul plus the elementwise pass that follows it anyway.
+    """
+    index = jnp.arange(groups).reshape(groups, *(1,) * (values.ndim - 1))
+    index = jnp.broadcast_to(index, (*values.shape[:-2], 1, values.shape[-1]))
+    return jnp.take_along_axis(values, index, axis=-2, mode="promise_in_bounds")[..., 0, :]
+
+
+def _factor_products(x: jax.Array, factor: jax.Array, out_columns: int) -> jax.Array:
+    """``x_g @ F_g`` per group of rows: ``x [B, ..., m]``, ``factor [G, m, r]`` -> ``[G, B/G, ..., r]``.
+
+    ``out_columns``: output columns of the base matmul(s) on the same ``x`` (the work to compare with).
+    With few groups this is one matmul of all rows against all groups' factors (``[B.., m] @ [m, G*r]``),
+    each row then keeping its own group's columns. Why: ``x`` then reaches this matmul in the same layout
+    as the base matmul ``x @ W``, so XLA computes ``x`` (e.g. ``silu(gate) * up``, ``rms_norm(h)``) once;
+    a per-group batched product needs ``x`` regrouped, and XLA (CPU) recomputes the whole producer of ``x``
+    for that second layout. The sums over ``m`` run in another order than in the batched product (float
+    reassociation: ~1e-7 relative on ``x A``).
+    """
+    groups, m, rank = factor.shape
+    x = x.astype(factor.dtype)
+    if groups * rank > SHARED_COLUMNS_FRACTION * out_columns:
+        return jnp.einsum("g...m,gmr->g...r", _group(x, groups), factor)
+    columns = jnp.moveaxis(factor, 0, 1).reshape(m, groups * rank)  # column g*r+k = factor[g, :, k]
+    every = _group(x @ columns, groups)  # [G, R, .., G*r]
+    return _own_slot(every.reshape(*every.shape[:-1], groups, rank), groups)
+
+
+#: One linear layer for :func:`dense_shared_input`: ``(kernel [m, n], bias [n] | None, kernel noise
+#: LowRank | None, bias noise [G, n] | None)``.
+Linear = tuple
+
+
+def dense_shared_input(x: jax.Array, linears: list[Linear], sigma: jax.Array) -> list[jax.Array]:
+    """Several :func:`dense` layers on the same input (q/k/v; gate/up) with one ``x A`` product for all.
+
+    Each output is ``x @ (W + sigma*eps_group) + (b + delta_group)``; the base matmuls stay separate (the
+    plain model's), the members' ``x A_g`` of all perturbed kernels come from one matmul.
+    """
+    ys = [x @ kernel for kernel, *_ in linears]
+    perturbed = [i for i, (_, _, noise, _) in enumerate(linears) if noise is not None]
+    if perturbed:
+        factors = jnp.concatenate([linears[i][2].a for i in perturbed], axis=-1)  # [G, m, sum of ranks]
+        xa = _factor_products(x, factors, sum(linears[i][0].shape[-1] for i in perturbed))
+        offset = 0
+        for i in perturbed:
+            a, b = linears[i][2]
+            rank = a.shape[-1]
+            delta = jnp.einsum("g...r,gnr->g...n", xa[..., offset:offset + rank], b) * (sigma / math.sqrt(rank))
+            ys[i] = ys[i] + _ungroup(delta).astype(ys[i].dtype)
+            offset += rank
+    for i, (_, bias, _, bias_noise) in enumerate(linears):
+        if bias is not None:
+            ys[i] = add_delta(ys[i] + bias, bias_noise)
+    return ys
+
+
 def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, kernel_noise: LowRank | None,
           bias_noise: jax.Array | None, sigma: jax.Array) -> jax.Array:
-    """``x @ (W + sigma*eps_group) + (b + delta_group)`` with the low-rank term off the shared base matmul."""
-    if kernel_noise is None:
-        y = x @ kernel
-    else:
-        groups = kernel_noise.a.shape[0]
-        y = _ungroup(lowrank_matmul(_group(x, groups), kernel, kernel_noise.a, kernel_noise.b, sigma))
-    if bias is not None:
-        y = add_delta(y + bias, bias_noise)
-    return y
+    """``x @ (W + sigma*eps_group) + (b + delta_group)`` with the low-rank term off the shared base matmul:
+    ``x W + sigma (x A_g) B_gᵀ / √r`` (as ``esjax.es.noise.lowrank_matmul``)."""
+    return dense_shared_input(x, [(kernel, bias, kernel_noise, bias_noise)], sigma)[0]
 
 
 def embed(tokens: jax.Array, table: jax.Array, noise: LowRank | None, sigma: jax.Array) -> jax.Array:
@@ -60,14 +121,31 @@ def embed(tokens: jax.Array, table: jax.Array, noise: LowRank | None, sigma: jax
 
 
 def tied_head(x: jax.Array, table: jax.Array, noise: LowRank | None, sigma: jax.Array) -> jax.Array:
-    """``x @ (E + sigma*A Bᵀ/√r)ᵀ`` without transposing ``E``: ``x Eᵀ + sigma (x B) Aᵀ / √r``."""
-    base = jnp.einsum("...d,vd->...v", x, table)
+    """``x @ (E + sigma*A Bᵀ/√r)ᵀ`` without transposing ``E``: ``x Eᵀ + sigma (x B) Aᵀ / √r``.
+
+    With many tokens, the rank-r term goes into the base matmul's contraction: ``[x, s] @ [E, A_cols]ᵀ``
+    with ``A_cols [vocab, G*r]`` every group's ``A`` and ``s [B.., G*r]`` each row's ``sigma (x B_g) / √r``
+    in its own group's columns (zeros elsewhere). That saves a pass over the ``[B.., vocab]`` logits (read,
+    add, write) for a copy of ``E`` widened by ``G*r`` columns (and ``G*r / hidden`` more matmul work), so it
+    is used while the rows outnumber the widened table's width and ``G*r`` is at most
+    ``SHARED_COLUMNS_FRACTION`` of ``hidden``; rows of unperturbed groups add exact zeros.
+    """
     if noise is None:
-        return base
-    groups, rank = noise.a.shape[0], noise.a.shape[-1]
-    xb = jnp.einsum("g...d,gdr->g...r", _group(x, groups).astype(noise.b.dtype), noise.b)
-    delta = jnp.einsum("g...r,gvr->g...v", xb, noise.a) * (sigma / math.sqrt(rank))
-    return base + _ungroup(delta).astype(base.dtype)
+        return jnp.einsum("...d,vd->...v", x, table)
+    groups, vocab, rank = noise.a.shape
+    scale = sigma / math.sqrt(rank)
+    xb = _factor_products(x, noise.b, vocab)  # [G, R, .., r]
+    hidden = x.shape[-1]
+    if x.size // hidden <= hidden + groups * rank or groups * rank > SHARED_COLUMNS_FRACTION * hidden:
+        base = jnp.einsum("...d,vd->...v", x, table)
+        delta = jnp.einsum("g...r,gvr->g...v", xb, noise.a) * scale
+        return base + _ungroup(delta).astype(base.dtype)
+    own = jnp.arange(groups).reshape(groups, *(1,) * (xb.ndim - 2), 1, 1) == jnp.arange(groups)[:, None]
+    spread = jnp.where(own, (xb * scale)[..., None, :], 0).reshape(*xb.shape[:-1], groups * rank)
+    columns = jnp.moveaxis(noise.a, 0, 1).reshape(vocab, groups * rank)
+    wide_x = jnp.concatenate([x, _ungroup(spread).astype(x.dtype)], axis=-1)
+    wide_table = jnp.concatenate([table, columns.astype(table.dtype)], axis=-1)
+    return jnp.einsum("...d,vd->...v", wide_x, wide_table)
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float, scale_noise: jax.Array | None = None) -> jax.Array:

@@ -100,6 +100,15 @@ class Perturbation:
                                    active=pad(self.active, False))
 
 
+#: ``prepare`` pads only draws of at most this many elements to one shared size (``small_draw`` of
+#: ``batched_pair_noise``; larger draws are grouped by exact size). The update's default (8192) pads e.g. the
+#: ``[L, 1]`` factors of stacked norm scales to 8192 normals each; ``prepare`` runs on every policy call, where
+#: that padding is most of the threefry work (2.2x the normals actually used on the benchmark model; there
+#: ``prepare_jit`` drops from ~12 to ~4 ms of CPU), so it trades a few more threefry kernels (compile time)
+#: for it. The bits are the same for any value.
+PREPARE_SMALL_DRAW = 512
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Prepared:
@@ -130,7 +139,8 @@ def prepare(perturbation: Perturbation | Prepared | None, params: Any) -> Prepar
     flat, treedef = jax.tree_util.tree_flatten_with_path(params)
     leaves = [(path_str(kp), leaf) for kp, leaf in flat]
     in_scope = [(path, tuple(leaf.shape)) for path, leaf in leaves if spec.scope.contains(path, leaf)]
-    draws = dict(zip([path for path, _ in in_scope], batched_pair_noise(spec, in_scope, versions, pairs)))
+    draws = dict(zip([path for path, _ in in_scope],
+                     batched_pair_noise(spec, in_scope, versions, pairs, small_draw=PREPARE_SMALL_DRAW)))
 
     def per_group(x: jax.Array, v: jax.Array) -> jax.Array:
         return x * v.reshape((-1,) + (1,) * (x.ndim - 1))
