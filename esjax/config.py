@@ -9,9 +9,14 @@ CLI can print it and exit non-zero without a traceback:
 * YAML is read as YAML 1.2 numbers (``1e-3`` is a float, not a string), duplicated keys are errors, and
   so are an empty file, bytes that are not UTF-8 and an ``extends:`` naming a missing file;
 * a key inherited through ``extends:`` is blamed on the file that set it; a ``--set`` override on itself;
-* regular expressions are compiled and schedule parameter combinations checked here, before anything runs.
+* regular expressions are compiled and schedule parameter combinations checked here, before anything runs;
+* a section that selects a kind (``schedule``, ``es.optimizer``) is a discriminated union on ``kind``: each kind
+  is its own model with only its keys, so a key of another kind is an error naming it and the kinds that have it
+  (and the JSON schema, ``Config.model_json_schema()``, shows each kind's keys).
 
-One module (~510 lines): the sections are the schema of one file format, and the loading, overriding and error
+The ``es`` defaults are the library's (:class:`esjax.es.ESConfig`, :class:`esjax.es.NoiseSpec`): one set of values.
+
+One module (~700 lines): the sections are the schema of one file format, and the loading, overriding and error
 reporting above serve them all.
 """
 
@@ -20,12 +25,23 @@ from __future__ import annotations
 import copy
 import difflib
 import re
+import typing
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
+
+from esjax.es.step import ESConfig
 
 MAX_SEED = 2**32 - 1
 Patterns = Annotated[tuple[str, ...], Field(strict=False)]  # a YAML list becomes the tuple
@@ -108,25 +124,86 @@ class ModelSection(_Section):
         return self
 
 
+# ---------------------------------------------------------------------------------------------------------
+# es: the ES estimator and step. Its defaults are the library's (esjax.es.ESConfig / NoiseSpec): one set of values
+# ---------------------------------------------------------------------------------------------------------
+
+_ES_DEFAULTS = ESConfig()  # sigma, learning_rate, scale, shaping, optimizer, decays; .noise: mode, rank, scope
+
+
+class SGDOptimizer(_Section):
+    """Plain SGD at ``es.learning_rate`` (``optax.sgd``): the published code's step. ``optimizer: sgd`` for short."""
+
+    kind: Literal["sgd"] = "sgd"
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> str | dict[str, Any]:
+        return _optimizer_dump(self, handler)
+
+
+class AdamOptimizer(_Section):
+    """Adam at ``es.learning_rate`` (``optax.adam``; the defaults are optax's). ``optimizer: adam`` for short."""
+
+    kind: Literal["adam"] = "adam"
+    b1: float = Field(0.9, ge=0, lt=1, description="decay of the first-moment estimate")
+    b2: float = Field(0.999, ge=0, lt=1, description="decay of the second-moment estimate")
+    eps: float = Field(1e-8, gt=0, description="added to the root of the second moment")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> str | dict[str, Any]:
+        return _optimizer_dump(self, handler)
+
+
+def _optimizer_dump(section: BaseModel, handler: SerializerFunctionWrapHandler) -> str | dict[str, Any]:
+    """An optimizer at its defaults is written as its name (``optimizer: sgd``), as config.yaml always had it."""
+    fields = type(section).model_fields
+    if all(getattr(section, name) == field.default for name, field in fields.items()):
+        return section.kind  # type: ignore[attr-defined]
+    return handler(section)
+
+
+OptimizerSection = Annotated[SGDOptimizer | AdamOptimizer, Field(discriminator="kind")]
+_OPTIMIZERS: dict[str, type[BaseModel]] = {"sgd": SGDOptimizer, "adam": AdamOptimizer}
+
+
 class ESSection(_Section):
-    """The ES estimator and step."""
+    """The ES estimator and step. The defaults are :class:`esjax.es.ESConfig`'s, so a config without an ``es``
+    section and ``ESConfig()`` describe the same update: σ = 1.5e-3, α = 7.5e-4, ``scale: llm`` (c = 1/N, σ
+    folded into α; the published study's values for Qwen2.5-7B), centered ranks, SGD, no decays, rank-1 low-rank
+    noise on the matrices."""
 
     population: int = Field(8, ge=2, le=100_000, description="N: accepted members per update")
-    antithetic: bool = True
-    mode: Literal["full", "lowrank"] = "lowrank"
-    rank: int = Field(1, ge=1, le=65_536)
-    sigma: float = Field(0.02, gt=0)
+    antithetic: bool = _ES_DEFAULTS.noise.antithetic
+    mode: Literal["full", "lowrank"] = _ES_DEFAULTS.noise.mode
+    rank: int = Field(_ES_DEFAULTS.noise.rank, ge=1, le=65_536)
+    sigma: float = Field(_ES_DEFAULTS.sigma, gt=0, description="perturbation scale σ (the start value of a schedule)")
     sigma_final: float | None = Field(None, gt=0, description="end value for linear/cosine schedules")
     sigma_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    learning_rate: float = Field(0.01, gt=0)
-    scale: Literal["nes", "llm"] = Field("nes", description="nes: 1/(N sigma); llm: 1/N, sigma folded into lr")
-    shaping: Literal["centered_ranks", "z_score", "raw"] = "centered_ranks"
-    optimizer: Literal["sgd", "adam"] = "sgd"
-    weight_decay: float = Field(0.0, ge=0)
-    anchor_decay: float = Field(0.0, ge=0, description="decay toward the initial weights")
-    scope: Literal["matrices", "all"] = "matrices"
-    include: Patterns = Field((), description="regular expressions searched in parameter paths")
-    exclude: Patterns = ()
+    learning_rate: float = Field(_ES_DEFAULTS.learning_rate, gt=0, description="step size α of the optimizer")
+    scale: Literal["nes", "llm"] = Field(_ES_DEFAULTS.scale, description="nes: 1/(N sigma); llm: 1/N, sigma folded "
+                                                                         "into lr")
+    shaping: Literal["centered_ranks", "z_score", "raw"] = _ES_DEFAULTS.shaping
+    optimizer: OptimizerSection = Field(
+        _OPTIMIZERS[_ES_DEFAULTS.optimizer](),
+        description="the step: a name ('sgd', 'adam') or a mapping with 'kind' and that kind's settings")
+    weight_decay: float = Field(_ES_DEFAULTS.weight_decay, ge=0)
+    anchor_decay: float = Field(_ES_DEFAULTS.anchor_decay, ge=0, description="decay toward the initial weights")
+    scope: Literal["matrices", "all"] = _ES_DEFAULTS.noise.scope.kind
+    include: Patterns = Field(_ES_DEFAULTS.noise.scope.include,
+                              description="regular expressions searched in parameter paths")
+    exclude: Patterns = _ES_DEFAULTS.noise.scope.exclude
+
+    @model_validator(mode="before")
+    @classmethod
+    def _optimizer_kind(cls, data: Any) -> Any:
+        """``optimizer: adam`` is ``optimizer: {kind: adam}``; a mapping without ``kind`` is the default kind's."""
+        if isinstance(data, dict):
+            value = data.get("optimizer")
+            if isinstance(value, str):
+                data = {**data, "optimizer": {"kind": value}}
+            elif isinstance(value, dict) and "kind" not in value:
+                data = {**data, "optimizer": {"kind": _ES_DEFAULTS.optimizer, **value}}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> ESSection:
@@ -144,41 +221,96 @@ class ESSection(_Section):
         return self
 
 
-class ScheduleSection(_Section):
-    """How fitness is gathered: sync barrier, natural async, controlled staleness, stress tests."""
+# ---------------------------------------------------------------------------------------------------------
+# schedule: one model per kind, selected by ``kind``
+# ---------------------------------------------------------------------------------------------------------
 
-    kind: Literal["sync", "async", "controlled", "all_stale", "extreme_lag"] = "async"
-    max_lag: int = Field(1, ge=0, le=100_000, description="K: accept a fitness measured at version v iff "
-                                                           "t - v <= K (extreme_lag: delays are drawn in 1..K)")
-    lag: int = Field(0, ge=0, le=100_000, description="k for controlled / all_stale")
-    stale_fraction: float = Field(0.0, ge=0, le=1, description="p for controlled (and extreme_lag)")
+
+class _Schedule(_Section):
+    """Keys every staleness schedule has. A key of another kind is an error, except at the neutral value every
+    config.yaml written before the per-kind sections holds (``lag: 0``, ``stale_fraction: 0.0``): it is dropped."""
+
+    kind: str
+    max_lag: int = Field(1, ge=0, le=100_000, description="K: accept a fitness measured at version v iff t - v <= K "
+                                                          "(the trainer keeps θ of versions t-K .. t)")
     slots: int = Field(8, ge=1, le=100_000, description="concurrent member rollouts (G workers)")
 
+    _neutral: ClassVar[dict[str, tuple[float, ...]]] = {"lag": (0,), "stale_fraction": (0.0,)}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_neutral_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            drop = [key for key, values in cls._neutral.items()
+                    if key in data and key not in cls.model_fields and type(data[key]) in (int, float)
+                    and data[key] in values]
+            if drop:
+                data = {key: value for key, value in data.items() if key not in drop}
+        return data
+
+
+class SyncSchedule(_Schedule):
+    """Synchronous ES: dispatch N members at version t, wait for all of them (the barrier), update. Every
+    accepted fitness has lag 0."""
+
+    kind: Literal["sync"] = "sync"
+
+
+class AsyncSchedule(_Schedule):
+    """Natural asynchrony: every slot stays busy at the current version; a fitness measured at version v joins
+    the update at t iff t - v <= max_lag."""
+
+    kind: Literal["async"] = "async"
+
+
+class ControlledSchedule(_Schedule):
+    """Controlled staleness: every cohort after warm-up holds exactly round(p·N) members measured exactly k
+    updates earlier, whatever the completion order."""
+
+    kind: Literal["controlled"] = "controlled"
+    lag: int = Field(ge=1, le=100_000, description="k: the lag of the stale members (<= max_lag)")
+    stale_fraction: float = Field(gt=0, le=1, description="p: the stale share of every cohort")
+
     @model_validator(mode="after")
-    def _check(self) -> ScheduleSection:
-        kind = self.kind
-        if kind in ("controlled", "all_stale"):
-            if self.lag < 1:
-                raise ValueError(f"schedule.lag: {kind} needs lag k >= 1, got {self.lag}")
-            if self.lag > self.max_lag:
-                raise ValueError(f"schedule.lag: {self.lag} exceeds schedule.max_lag={self.max_lag}")
-        elif self.lag != 0:
-            raise ValueError(f"schedule.lag: only controlled and all_stale use a lag k, not {kind} (got {self.lag})")
-        if kind == "controlled" and not 0 < self.stale_fraction <= 1:
-            raise ValueError(f"schedule.stale_fraction: controlled needs 0 < p <= 1, got {self.stale_fraction}")
-        if kind == "all_stale" and self.stale_fraction not in (0.0, 1.0):
-            raise ValueError(f"schedule.stale_fraction: all_stale has p = 1 by definition, got {self.stale_fraction}")
-        if kind == "extreme_lag":
-            if not 0 < self.stale_fraction < 1:
-                raise ValueError(f"schedule.stale_fraction: extreme_lag needs 0 < p < 1 (with every member delayed "
-                                 f"no cohort could start), got {self.stale_fraction}")
-            if self.max_lag < 1:
-                raise ValueError(f"schedule.max_lag: extreme_lag draws delays in 1..max_lag, so it needs "
-                                 f"max_lag >= 1, got {self.max_lag}")
-        if kind in ("sync", "async") and self.stale_fraction != 0:
-            raise ValueError(f"schedule.stale_fraction: only controlled and extreme_lag use p, not {kind} "
-                             f"(got {self.stale_fraction})")
+    def _check(self) -> ControlledSchedule:
+        if self.lag > self.max_lag:
+            raise ValueError(f"schedule.lag: {self.lag} exceeds schedule.max_lag={self.max_lag}")
         return self
+
+
+class AllStaleSchedule(_Schedule):
+    """Stress test: after warm-up every fitness of every cohort is exactly k updates old (p = 1)."""
+
+    kind: Literal["all_stale"] = "all_stale"
+    lag: int = Field(ge=1, le=100_000, description="k: the lag of every member (<= max_lag)")
+
+    _neutral: ClassVar[dict[str, tuple[float, ...]]] = {"stale_fraction": (0.0, 1.0)}  # p = 1 by definition
+
+    @model_validator(mode="after")
+    def _check(self) -> AllStaleSchedule:
+        if self.lag > self.max_lag:
+            raise ValueError(f"schedule.lag: {self.lag} exceeds schedule.max_lag={self.max_lag}")
+        return self
+
+
+class ExtremeLagSchedule(_Schedule):
+    """Stress test: a fraction p of members each get a lag drawn uniformly from 1..max_lag."""
+
+    kind: Literal["extreme_lag"] = "extreme_lag"
+    stale_fraction: float = Field(gt=0, lt=1, description="p: the share of members delayed (< 1: with every "
+                                                          "member delayed no cohort could start)")
+
+    @model_validator(mode="after")
+    def _check(self) -> ExtremeLagSchedule:
+        if self.max_lag < 1:
+            raise ValueError(f"schedule.max_lag: extreme_lag draws delays in 1..max_lag, so it needs "
+                             f"max_lag >= 1, got {self.max_lag}")
+        return self
+
+
+ScheduleSection = Annotated[SyncSchedule | AsyncSchedule | ControlledSchedule | AllStaleSchedule
+                            | ExtremeLagSchedule, Field(discriminator="kind")]
+DEFAULT_SCHEDULE = AsyncSchedule()
 
 
 class EnvSection(_Section):
@@ -265,15 +397,23 @@ class Config(_Section):
     run: RunSection = RunSection()
     model: ModelSection = ModelSection()
     es: ESSection = ESSection()
-    schedule: ScheduleSection = ScheduleSection()
+    schedule: ScheduleSection = DEFAULT_SCHEDULE
     env: EnvSection = EnvSection()
     agent: AgentSection = AgentSection()
     mesh: MeshSection = MeshSection()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_schedule_kind(cls, data: Any) -> Any:
+        """A ``schedule`` mapping without ``kind`` is the default kind's (async)."""
+        if isinstance(data, dict) and isinstance(data.get("schedule"), dict) and "kind" not in data["schedule"]:
+            data = {**data, "schedule": {"kind": DEFAULT_SCHEDULE.kind, **data["schedule"]}}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> Config:
         s, n = self.schedule, self.es.population
-        if s.kind == "controlled" and int(s.stale_fraction * n + 0.5) < 1:  # schedules.stale_count
+        if isinstance(s, ControlledSchedule) and int(s.stale_fraction * n + 0.5) < 1:  # schedules.stale_count
             raise ValueError(f"schedule.stale_fraction: p = {s.stale_fraction} with es.population={n} gives "
                              f"round(p·N) = 0 stale members per cohort (controlled needs at least one)")
         episodes = s.slots * self.env.tasks_per_member
@@ -374,12 +514,72 @@ def _blame(key: tuple[str, ...], origins: Origins, default: str) -> str:
     return default
 
 
+def _kinds(field: Any) -> dict[str, type[BaseModel]] | None:
+    """kind -> model of a field that is a discriminated union of sections (schedule, es.optimizer), else None."""
+    if field.discriminator is None:
+        return None
+    return {member.model_fields["kind"].default: member for member in typing.get_args(field.annotation)}
+
+
+def _section_of(model: type[BaseModel] | None, name: str) -> tuple[type[BaseModel] | None, dict[str, type] | None]:
+    """The section model of field ``name`` of ``model`` (None for a plain value) and, for a union, its kinds."""
+    field = model.model_fields.get(name) if model is not None else None
+    if field is None:
+        return None, None
+    kinds = _kinds(field)
+    if kinds is not None:
+        return None, kinds
+    kind = field.annotation
+    return (kind if isinstance(kind, type) and issubclass(kind, BaseModel) else None), None
+
+
+def _resolve_loc(loc: tuple[Any, ...]) -> tuple[tuple[str, ...], tuple[tuple[str, ...], str, dict[str, type]] | None]:
+    """A pydantic error location as the user's key path, without the kind tags pydantic inserts after a
+    discriminated union (``('schedule', 'async', 'lag')`` → ``('schedule', 'lag')``), and the innermost union
+    on the way: (its path, the kind chosen, all its kinds)."""
+    path: list[str] = []
+    union = None
+    model: type[BaseModel] | None = Config
+    parts = [str(part) for part in loc]
+    i = 0
+    while i < len(parts):
+        path.append(parts[i])
+        model, kinds = _section_of(model, parts[i])
+        i += 1
+        if kinds is not None and i < len(parts) and parts[i] in kinds:
+            union = (tuple(path), parts[i], kinds)
+            model = kinds[parts[i]]
+            i += 1
+    return tuple(path), union
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 def _format_validation_error(err: ValidationError, source: str, origins: Origins | None = None) -> str:
     origins = origins or {}
     first = err.errors()[0]
-    path = tuple(str(part) for part in first["loc"])
+    path, union = _resolve_loc(first["loc"])
     loc = ".".join(path)
     msg = first["msg"]
+    if first["type"] == "union_tag_invalid":  # an unknown kind of schedule / optimizer
+        _, kinds = _section_of(_resolve_model(path[:-1]), path[-1])
+        key = path if path in _SHORTHAND_UNIONS else (*path, "kind")
+        expected = _and([repr(kind) for kind in kinds or {}]).replace(" and ", " or ")
+        return (f"{_blame(key, origins, source)}: {'.'.join(key)}: unknown kind {_short(first['input'].get('kind'))}; "
+                f"expected {expected}")
+    if union is not None and len(path) == len(union[0]) + 1:  # a key of a kind's section
+        section, kind, kinds = union
+        where = f"{'.'.join(section)} kind {kind!r}"
+        if first["type"] == "extra_forbidden":
+            owners = [other for other, model in kinds.items() if path[-1] in model.model_fields]
+            if owners:
+                keys = ", ".join(kinds[kind].model_fields)
+                return (f"{_blame(path, origins, source)}: {loc}: not a key of {where} (only {_and(owners)} "
+                        f"{'has' if len(owners) == 1 else 'have'} it; {kind} has {keys})")
+        elif first["type"] == "missing":
+            return f"{_blame((*section, 'kind'), origins, source)}: {loc}: required for {where}"
     if first["type"] == "extra_forbidden":
         hint = _did_you_mean(path)
         return f"{_blame(path, origins, source)}: unknown key {loc!r}" + (f"; did you mean {hint!r}?" if hint else "")
@@ -395,14 +595,25 @@ def _format_validation_error(err: ValidationError, source: str, origins: Origins
     return f"{_blame(path, origins, source)}: {loc}: {msg}{got_text}"
 
 
+_SHORTHAND_UNIONS = {("es", "optimizer")}  # unions also written as a bare kind name (optimizer: adam)
+
+
+def _resolve_model(path: tuple[str, ...]) -> type[BaseModel] | None:
+    """The section model at a key path of :class:`Config` (None past a plain value or a union)."""
+    model: type[BaseModel] | None = Config
+    for name in path:
+        model, _ = _section_of(model, name)
+    return model
+
+
 def _known_keys(model: type[BaseModel] | None = None, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-    """Every settable key path of :class:`Config` (sections and their fields)."""
+    """Every settable key path of :class:`Config` (sections and their fields; a union's: every kind's)."""
     out: list[tuple[str, ...]] = []
-    for name, field in (model or Config).model_fields.items():
+    for name in (model or Config).model_fields:
         out.append((*prefix, name))
-        kind = field.annotation
-        if isinstance(kind, type) and issubclass(kind, BaseModel):
-            out.extend(_known_keys(kind, (*prefix, name)))
+        section, kinds = _section_of(model or Config, name)
+        for sub in ([section] if section is not None else list((kinds or {}).values())):
+            out.extend(key for key in _known_keys(sub, (*prefix, name)) if key not in out)
     return out
 
 

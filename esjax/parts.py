@@ -7,6 +7,7 @@ cannot be built, so a bad config fails before the loop starts.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from pathlib import Path
@@ -16,7 +17,7 @@ from esjax.agent.policy import LoadedPolicy, load_policy
 from esjax.agent.react import GenerateAgent
 from esjax.agent.webshop import WebShopAgent
 from esjax.checkpoint import Checkpointer
-from esjax.config import Config, ConfigError
+from esjax.config import Config, ConfigError, ESSection
 from esjax.es.noise import NoiseSpec, Scope
 from esjax.es.schedules import constant, cosine, linear
 from esjax.es.step import ESConfig
@@ -154,15 +155,34 @@ def build_es_config(config: Config) -> ESConfig:
     else:
         sigma = cosine(es.sigma, es.sigma_final, config.run.updates)
     return ESConfig(noise=noise, sigma=sigma, learning_rate=es.learning_rate, scale=es.scale,
-                    shaping=es.shaping, optimizer=es.optimizer, weight_decay=es.weight_decay,
+                    shaping=es.shaping, optimizer=build_optimizer(es), weight_decay=es.weight_decay,
                     anchor_decay=es.anchor_decay)
+
+
+def build_optimizer(es: ESSection):
+    """``es.optimizer`` as :class:`ESConfig` takes it: the name when the section holds optax's defaults (a value,
+    so equal configs are equal and share compiled programs), else the optax transformation with its settings (one
+    object per distinct setting, so a config built again still shares them)."""
+    optimizer = es.optimizer
+    if optimizer == type(optimizer)():
+        return optimizer.kind
+    return _adam(es.learning_rate, optimizer.b1, optimizer.b2, optimizer.eps)
+
+
+@functools.cache
+def _adam(learning_rate: float, b1: float, b2: float, eps: float):
+    import optax
+
+    return optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
 
 
 def build_coordinator(config: Config, train_size: int, state: dict[str, Any] | None = None) -> Coordinator:
     s = config.schedule
     coord_config = CoordinatorConfig(population=config.es.population, max_lag=s.max_lag, seed=config.run.seed,
                                      train_size=train_size, tasks_per_member=config.env.tasks_per_member)
-    schedule = make_schedule(s.kind, lag=s.lag, fraction=s.stale_fraction, max_lag=s.max_lag)
+    # lag k and fraction p are keys of the kinds that use them (controlled, all_stale / controlled, extreme_lag)
+    schedule = make_schedule(s.kind, lag=getattr(s, "lag", 0), fraction=getattr(s, "stale_fraction", 0.0),
+                             max_lag=s.max_lag)
     if state is None:
         return Coordinator(coord_config, schedule)
     return Coordinator.from_state_dict(coord_config, schedule, state)

@@ -96,7 +96,7 @@ def _expected_plan(argv: list[str], devices: int, tmp_path: Path) -> dict:
             "rank": config.es.rank if config.es.mode == "lowrank" else None,
             "batch": config.schedule.slots * config.env.tasks_per_member,
             "episodes_per_member": config.env.tasks_per_member, "context": config.agent.max_prompt_tokens,
-            "dtype": config.model.dtype, "optimizer": config.es.optimizer, "anchor": config.es.anchor_decay > 0,
+            "dtype": config.model.dtype, "optimizer": config.es.optimizer.kind, "anchor": config.es.anchor_decay > 0,
             "distributed": config.mesh.distributed}
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from esjax.config import ConfigError, config_from_dict, config_to_yaml, load_config, parse_override
 
@@ -37,7 +39,8 @@ def test_override_parses_yaml_values():
         (["es.sigma=abc"], "es.sigma"),
         (["es.sigmaa=0.1"], "es.sigmaa"),  # unknown key
         (["model.source=hf", "model.path=/"], "model.path"),  # folder without config.json
-        (["schedule.kind=controlled", "schedule.lag=3", "schedule.max_lag=1"], "schedule.lag"),
+        (["schedule.kind=controlled", "schedule.lag=3", "schedule.max_lag=1", "schedule.stale_fraction=0.5"],
+         "schedule.lag"),
         (["es.sigma_schedule=cosine"], "es.sigma_final"),
         (["env.data=/nonexistent/folder"], "env.data"),
     ],
@@ -156,6 +159,13 @@ def _cli(argv, capsys):
         pytest.param(b"schedule: {kind: async, lag: 2, max_lag: 2}\n", "schedule.lag", "cfg.yaml", id="async-lag"),
         pytest.param(b"schedule: {kind: sync, stale_fraction: 0.5}\n", "schedule.stale_fraction", "cfg.yaml",
                      id="sync-p"),
+        pytest.param(b"schedule: {kind: controlled, lag: 2, max_lag: 2}\n", "schedule.stale_fraction", "cfg.yaml",
+                     id="controlled-without-p"),
+        pytest.param(b"schedule: {kind: warp}\n", "schedule.kind", "cfg.yaml", id="unknown-schedule-kind"),
+        pytest.param(b"es: {optimizer: {kind: sgd, b1: 0.8}}\n", "es.optimizer.b1", "cfg.yaml", id="sgd-b1"),
+        pytest.param(b"es: {optimizer: lion}\n", "es.optimizer", "cfg.yaml", id="unknown-optimizer"),
+        pytest.param(b"extends: parent.yaml\nschedule: {kind: sync}\n", "es.sigmaa", "parent.yaml",
+                     id="bad-key-in-parent-with-schedule"),
         pytest.param(b"es: {include: ['[(']}\n", "es.include", "cfg.yaml", id="bad-regex"),
         pytest.param(b"es: {exclude: ['ok', '*bad']}\n", "es.exclude", "cfg.yaml", id="bad-regex-exclude"),
         pytest.param(b"run: {name: \"caf\xe9\"}\n", "UTF-8", "cfg.yaml", id="not-utf8"),
@@ -302,3 +312,204 @@ def test_readme_sigma_overrides_keep_the_step_size():
         assert any(o.startswith("es.learning_rate=") for o in overrides), command
         assert changed.es.sigma != base.es.sigma and base.es.scale == "nes"
         assert changed.es.learning_rate / changed.es.sigma == pytest.approx(base.es.learning_rate / base.es.sigma)
+
+
+# ------------------------------------------------------------------------------------- kinds: schedule, es.optimizer
+# Each schedule kind and each optimizer is its own section model, selected by `kind`: a key of another kind is
+# rejected naming the file, the key and the kinds that have it; the JSON schema shows each kind's keys.
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param("schedule: {kind: async, lag: 2}\n",
+                     "schedule.lag: not a key of schedule kind 'async' (only controlled and all_stale have it; async "
+                     "has kind, max_lag, slots)", id="async-lag"),
+        pytest.param("schedule: {lag: 2}\n",  # no kind: the default kind, async
+                     "schedule.lag: not a key of schedule kind 'async' (only controlled and all_stale have it; async "
+                     "has kind, max_lag, slots)", id="default-kind-lag"),
+        pytest.param("schedule: {kind: sync, stale_fraction: 0.5}\n",
+                     "schedule.stale_fraction: not a key of schedule kind 'sync' (only controlled and extreme_lag "
+                     "have it; sync has kind, max_lag, slots)", id="sync-p"),
+        pytest.param("schedule: {kind: all_stale, lag: 2, max_lag: 2, stale_fraction: 0.5}\n",
+                     "schedule.stale_fraction: not a key of schedule kind 'all_stale' (only controlled and "
+                     "extreme_lag have it; all_stale has kind, max_lag, slots, lag)", id="all-stale-p"),
+        pytest.param("schedule: {kind: extreme_lag, stale_fraction: 0.25, max_lag: 4, lag: 2}\n",
+                     "schedule.lag: not a key of schedule kind 'extreme_lag' (only controlled and all_stale have it; "
+                     "extreme_lag has kind, max_lag, slots, stale_fraction)", id="extreme-lag-lag"),
+        pytest.param("schedule: {kind: controlled, stale_fraction: 0.1, max_lag: 4}\n",
+                     "schedule.lag: required for schedule kind 'controlled'", id="controlled-without-k"),
+        pytest.param("schedule: {kind: warp}\n",
+                     "schedule.kind: unknown kind 'warp'; expected 'sync', 'async', 'controlled', 'all_stale' or "
+                     "'extreme_lag'", id="unknown-kind"),
+        pytest.param("schedule: {kind: sync, slot: 4}\n", "unknown key 'schedule.slot'; did you mean 'schedule.slots'?",
+                     id="no-kind-has-it"),
+        pytest.param("es: {optimizer: {kind: sgd, b1: 0.8}}\n",
+                     "es.optimizer.b1: not a key of es.optimizer kind 'sgd' (only adam has it; sgd has kind)",
+                     id="sgd-b1"),
+        pytest.param("es: {optimizer: {b2: 0.9}}\n",  # no kind: the default optimizer, sgd
+                     "es.optimizer.b2: not a key of es.optimizer kind 'sgd' (only adam has it; sgd has kind)",
+                     id="default-optimizer-b2"),
+        pytest.param("es: {optimizer: {kind: adam, b_2: 0.9}}\n",
+                     "unknown key 'es.optimizer.b_2'; did you mean 'es.optimizer.b2'?", id="adam-typo"),
+        pytest.param("es: {optimizer: {kind: adam, b1: 1.0}}\n",
+                     "es.optimizer.b1: Input should be less than 1 (got 1.0)", id="adam-b1-range"),
+        pytest.param("es: {optimizer: lion}\n", "es.optimizer: unknown kind 'lion'; expected 'sgd' or 'adam'",
+                     id="unknown-optimizer"),
+    ],
+)
+def test_a_key_of_another_kind_is_rejected_naming_file_and_key(text, message, tmp_path):
+    (tmp_path / "cfg.yaml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "cfg.yaml")
+    assert str(info.value) == f"{tmp_path / 'cfg.yaml'}: {message}"
+
+
+def test_kind_errors_blame_the_file_or_override_that_set_the_key(tmp_path):
+    (tmp_path / "parent.yaml").write_text("schedule: {kind: controlled, lag: 2, stale_fraction: 0.5, max_lag: 2}\n")
+    (tmp_path / "cfg.yaml").write_text("extends: parent.yaml\nschedule: {kind: async}\n")
+    with pytest.raises(ConfigError) as info:  # the inherited lag is the parent's, the kind that rejects it the child's
+        load_config(tmp_path / "cfg.yaml")
+    assert str(info.value).startswith(f"{tmp_path / 'parent.yaml'}: schedule.lag: not a key of schedule kind 'async'")
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "parent.yaml", ["schedule.kind=extreme_lag"])
+    assert str(info.value).startswith(f"{tmp_path / 'parent.yaml'}: schedule.lag: not a key of schedule kind "
+                                      "'extreme_lag'")
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["schedule.kind=controlled", "schedule.lag=2", "schedule.max_lag=2"])
+    assert str(info.value) == ("--set schedule.kind=controlled: schedule.stale_fraction: required for schedule kind "
+                               "'controlled'")
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["es.optimizer.eps=1e-6"])
+    assert str(info.value) == ("--set es.optimizer.eps=1e-6: es.optimizer.eps: not a key of es.optimizer kind 'sgd' "
+                               "(only adam has it; sgd has kind)")
+
+
+def test_each_kind_holds_only_its_keys_and_round_trips(tmp_path):
+    cases = {
+        "sync": ({"kind": "sync", "max_lag": 0}, {"kind": "sync", "max_lag": 0, "slots": 8}),
+        "async": ({}, {"kind": "async", "max_lag": 1, "slots": 8}),
+        "controlled": ({"kind": "controlled", "lag": 4, "stale_fraction": 0.1, "max_lag": 4},
+                       {"kind": "controlled", "max_lag": 4, "slots": 8, "lag": 4, "stale_fraction": 0.1}),
+        "all_stale": ({"kind": "all_stale", "lag": 2, "max_lag": 2},
+                      {"kind": "all_stale", "max_lag": 2, "slots": 8, "lag": 2}),
+        "extreme_lag": ({"kind": "extreme_lag", "stale_fraction": 0.25, "max_lag": 32},
+                        {"kind": "extreme_lag", "max_lag": 32, "slots": 8, "stale_fraction": 0.25}),
+    }
+    for kind, (section, dumped) in cases.items():
+        config = config_from_dict({"schedule": section})
+        assert config.schedule.kind == kind and config.model_dump(mode="json")["schedule"] == dumped
+        path = tmp_path / f"{kind}.yaml"
+        path.write_text(config_to_yaml(config))
+        assert load_config(path) == config
+    adam = load_config(None, ["es.optimizer=adam"])
+    assert adam.es.optimizer == load_config(None, ["es.optimizer={kind: adam, b1: 0.9}"]).es.optimizer
+    assert (adam.es.optimizer.kind, adam.es.optimizer.b1, adam.es.optimizer.b2, adam.es.optimizer.eps) == (
+        "adam", 0.9, 0.999, 1e-8)
+    assert adam.model_dump(mode="json")["es"]["optimizer"] == "adam"  # at its defaults: the name, as config.yaml had it
+    assert load_config(None).model_dump(mode="json")["es"]["optimizer"] == "sgd"
+    tuned = load_config(None, ["es.optimizer={kind: adam, b2: 0.99}"])
+    assert tuned.model_dump(mode="json")["es"]["optimizer"] == {"kind": "adam", "b1": 0.9, "b2": 0.99, "eps": 1e-8}
+    path = tmp_path / "adam.yaml"
+    path.write_text(config_to_yaml(tuned))
+    assert load_config(path) == tuned
+
+
+def test_run_directories_written_before_the_kinds_still_load(tmp_path):
+    """config.yaml files written before per-kind sections hold every schedule key, unused ones at their neutral
+    value (lag: 0, stale_fraction: 0.0): they load (resume, eval, export) and mean the same schedule; any other
+    value of a key the kind does not use is still an error."""
+    old = {
+        "sync": "{kind: sync, max_lag: 0, lag: 0, stale_fraction: 0.0, slots: 16}",
+        "async": "{kind: async, max_lag: 1, lag: 0, stale_fraction: 0.0, slots: 16}",
+        "controlled": "{kind: controlled, max_lag: 4, lag: 4, stale_fraction: 0.1, slots: 16}",
+        "all_stale": "{kind: all_stale, max_lag: 1, lag: 1, stale_fraction: 0.0, slots: 4}",
+        "extreme_lag": "{kind: extreme_lag, max_lag: 32, lag: 0, stale_fraction: 0.25, slots: 16}",
+    }
+    for kind, section in old.items():
+        path = tmp_path / f"{kind}.yaml"
+        path.write_text(f"es: {{population: 16, optimizer: sgd}}\nschedule: {section}\n")
+        config = load_config(path)
+        fields = type(config.schedule).model_fields
+        own = {key: value for key, value in yaml.safe_load(section).items() if key in fields}
+        assert config.schedule.kind == kind and config == config_from_dict({"es": {"population": 16}, "schedule": own})
+    assert load_config(None, ["schedule.kind=all_stale", "schedule.lag=1", "schedule.stale_fraction=1.0"]).schedule \
+        == load_config(None, ["schedule.kind=all_stale", "schedule.lag=1"]).schedule  # p = 1: all_stale's own
+    for bad in (["schedule.lag=1"], ["schedule.kind=sync", "schedule.stale_fraction=0.1"], ["schedule.lag=false"]):
+        with pytest.raises(ConfigError, match="not a key of schedule kind"):
+            load_config(None, bad)
+
+
+def test_json_schema_shows_each_kinds_keys():
+    from esjax.config import Config
+
+    schema = Config.model_json_schema()
+    schedule = schema["properties"]["schedule"]
+    assert schedule["discriminator"]["propertyName"] == "kind"
+    assert set(schedule["discriminator"]["mapping"]) == {"sync", "async", "controlled", "all_stale", "extreme_lag"}
+    keys = {kind: set(schema["$defs"][ref.split("/")[-1]]["properties"])
+            for kind, ref in schedule["discriminator"]["mapping"].items()}
+    assert keys["async"] == keys["sync"] == {"kind", "max_lag", "slots"}
+    assert keys["controlled"] == {"kind", "max_lag", "slots", "lag", "stale_fraction"}
+    assert keys["all_stale"] == {"kind", "max_lag", "slots", "lag"}
+    assert keys["extreme_lag"] == {"kind", "max_lag", "slots", "stale_fraction"}
+    assert set(schema["$defs"]["ControlledSchedule"]["required"]) == {"lag", "stale_fraction"}
+    optimizer = schema["$defs"]["ESSection"]["properties"]["optimizer"]
+    assert set(optimizer["discriminator"]["mapping"]) == {"sgd", "adam"}
+    assert set(schema["$defs"]["AdamOptimizer"]["properties"]) == {"kind", "b1", "b2", "eps"}
+    assert set(schema["$defs"]["SGDOptimizer"]["properties"]) == {"kind"}
+
+
+# ------------------------------------------------------------------------------------------------- ES defaults
+
+
+def test_es_section_defaults_are_the_library_defaults():
+    """One set of ES defaults: a config without an es section builds exactly ESConfig()'s update."""
+    from esjax.es import ESConfig, NoiseSpec
+    from esjax.parts import build_es_config
+
+    built, library = build_es_config(load_config(None)), ESConfig(noise=NoiseSpec(seed=0))
+    assert float(built.sigma_at(0)) == pytest.approx(library.sigma, rel=1e-7)
+    assert dataclasses.replace(built, sigma=library.sigma) == library
+    assert (library.sigma, library.learning_rate, library.scale, library.shaping, library.optimizer) == (
+        1.5e-3, 7.5e-4, "llm", "centered_ranks", "sgd")
+
+
+def test_optimizer_settings_reach_the_update():
+    """adam at optax's defaults is passed by name (a value: configs built again share compiled programs); other
+    settings as one optax transformation per distinct setting, whose state has adam's structure."""
+    import jax
+    import optax
+
+    from esjax.parts import build_es_config
+
+    assert build_es_config(load_config(None, ["es.optimizer=adam"])).optimizer == "adam"
+    assert build_es_config(load_config(None, ["es.optimizer={kind: adam, eps: 1e-8}"])).optimizer == "adam"
+    tuned = ["es.optimizer={kind: adam, b1: 0.5, eps: 1e-6}", "es.learning_rate=0.1"]
+    first, again = build_es_config(load_config(None, tuned)), build_es_config(load_config(None, tuned))
+    assert first == again and first.optimizer is again.optimizer
+    params = {"w": jax.numpy.ones(3)}
+    grads = {"w": jax.numpy.asarray([1.0, -2.0, 0.5])}
+    ours = first.get_optimizer()
+    reference = optax.adam(0.1, b1=0.5, eps=1e-6)
+    got = ours.update(grads, ours.init(params), params)[0]["w"]
+    want = reference.update(grads, reference.init(params), params)[0]["w"]
+    assert jax.numpy.allclose(got, want)
+    assert jax.tree_util.tree_structure(ours.init(params)) == jax.tree_util.tree_structure(
+        build_es_config(load_config(None, ["es.optimizer=adam"])).get_optimizer().init(params))
+
+
+# The main job's resolved ES section (published numbers depend on it): pinned, so a change of the defaults can never
+# move it silently.
+DEFAULT_JOB_ES = {
+    "population": 16, "antithetic": True, "mode": "lowrank", "rank": 2, "sigma": 0.2, "sigma_final": None,
+    "sigma_schedule": "constant", "learning_rate": 0.25, "scale": "nes", "shaping": "centered_ranks",
+    "optimizer": "sgd", "weight_decay": 0.0, "anchor_decay": 0.0, "scope": "all", "include": ["norm/scale$"],
+    "exclude": [],
+}
+
+
+def test_main_job_resolves_to_its_published_es_values():
+    dumped = load_config(REPO / "configs" / "default.yaml").model_dump(mode="json")
+    assert dumped["es"] == DEFAULT_JOB_ES
+    assert dumped["schedule"] == {"kind": "async", "max_lag": 1, "slots": 16}

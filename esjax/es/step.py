@@ -71,8 +71,8 @@ class ESConfig:
     """
 
     noise: NoiseSpec = NoiseSpec()
-    sigma: float | SigmaSchedule = 1e-3
-    learning_rate: float | Callable[[Any], Any] = 1e-3
+    sigma: float | SigmaSchedule = 1.5e-3
+    learning_rate: float | Callable[[Any], Any] = 7.5e-4
     scale: Scale = "llm"
     shaping: str | Callable[..., Any] = "centered_ranks"
     optimizer: OptimizerName | optax.GradientTransformation = "sgd"
