@@ -1,7 +1,7 @@
 """Soak: thousands of concurrent WebShop sessions through one env pool for a bounded time.
 
 In-process and loopback-free (no network, no subprocesses): ``--sessions`` sessions share one synthetic
-catalog in an :class:`~envs.webshop_bridge.EnvPool`; every round steps every session once with a mix of
+catalog in an :class:`~envs.webshop_bridge.InProcessEnvPool`; every round steps every session once with a mix of
 scripted (oracle) and random actions (30% random clickables, 5% junk strings), and a finished session
 starts a new goal at once. Every ``--interval`` seconds it samples throughput (env steps/s) and resident
 memory (RSS, /proc/self/statm). It stops by itself after ``--minutes`` and reports:
@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envs.webshop_bridge import EnvPool, OraclePolicy, synthetic_shop  # noqa: E402
+from envs.webshop_bridge import InProcessEnvPool, OraclePolicy, synthetic_shop  # noqa: E402
 from esjax.machine import cpu_model
 
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
     rng = random.Random(args.seed)
     shop = synthetic_shop(args.products, seed=args.seed)
     train = list(shop.split("train"))
-    pool = EnvPool(shop, args.sessions, seed=args.seed, max_steps=15)
+    pool = InProcessEnvPool(shop, args.sessions, seed=args.seed, max_steps=15)
     policies = [OraclePolicy() for _ in range(args.sessions)]
 
     def new_goal(i: int) -> None:

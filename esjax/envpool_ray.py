@@ -3,8 +3,8 @@
 Why: a policy forward on accelerators can outpace what one host's CPUs step (and the full 1.18 M-product
 catalog takes many GB of RAM per copy). ``RayEnvPool`` keeps sessions in Ray actors — each actor builds
 the shop once from a picklable :class:`~envs.webshop_bridge.shop.ShopSpec` and holds an
-:class:`~envs.webshop_bridge.pool.EnvPool` — placed anywhere in a Ray cluster, while the trainer's rollout
-engine drives it through the batched API the in-process ``EnvPool`` and ``ProcessEnvPool`` share
+:class:`~envs.webshop_bridge.pool.InProcessEnvPool` — placed anywhere in a Ray cluster, while the trainer's rollout
+engine drives it through the batched API the in-process ``InProcessEnvPool`` and ``ProcessEnvPool`` share
 (``esjax.loop.protocols.EnvPool``: ``reset_rows``, ``step``, ``available_actions``, ``instructions``).
 Session ``i`` lives on actor ``i % workers``; every call fans out to all actors at once and gathers in
 session order. ``env.pool: ray`` in a run config builds one.
@@ -37,13 +37,13 @@ def _ray() -> Any:
 
 
 class _Sessions:
-    """The actor body: one EnvPool of ``n`` sessions over the shop of ``spec`` (built once per actor)."""
+    """The actor body: one InProcessEnvPool of ``n`` sessions over the shop of ``spec`` (built once per actor)."""
 
     def __init__(self, spec: Any, n: int, env_kwargs: dict[str, Any]) -> None:
-        from envs.webshop_bridge.pool import EnvPool
+        from envs.webshop_bridge.pool import InProcessEnvPool
         from envs.webshop_bridge.shop import get_shop
 
-        self.pool = EnvPool(get_shop(spec), n, **env_kwargs)
+        self.pool = InProcessEnvPool(get_shop(spec), n, **env_kwargs)
 
     def reset(self, items: list[tuple[int, int | None]], _: None = None) -> list[tuple[str, dict]]:
         return self.pool.reset_rows([i for i, _ in items], [g for _, g in items])
@@ -59,7 +59,7 @@ class _Sessions:
 
 
 class RayEnvPool:
-    """``n`` WebShop sessions spread over ``workers`` Ray actors (the ``EnvPool`` interface).
+    """``n`` WebShop sessions spread over ``workers`` Ray actors (the ``esjax.loop.protocols.EnvPool`` interface).
 
     Args:
       spec: a ``ShopSpec`` (picklable recipe; the data path must exist on the actors' machines).

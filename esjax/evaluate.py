@@ -26,9 +26,9 @@ def evaluate_policy(model_config: ModelConfig, params: Any, agent: WebShopAgent 
     goal: the goal index, reward and success flag. ``traces``: also each episode's trace line
     (:mod:`esjax.traces`) under ``"traces"``, in goal order. A :class:`GenerateAgent` writes its actions
     (generate mode, greedy, replies of up to ``max_new_tokens`` tokens)."""
-    from envs.webshop_bridge import EnvPool
+    from envs.webshop_bridge import InProcessEnvPool
 
-    pool = EnvPool(shop, max(1, min(batch, len(goals))))
+    pool = InProcessEnvPool(shop, max(1, min(batch, len(goals))))
     if isinstance(agent, GenerateAgent):
         from esjax.agent.lanes import Sampling
         from esjax.loop.generate import GenerateEngine

@@ -59,11 +59,11 @@ def build_pool(config: Config, shop, capacity: int) -> EnvPool:
     """``capacity`` env sessions where ``env.pool`` says: in this process over ``shop``, or in ``env.workers``
     worker processes / Ray actors that each build the shop from :func:`shop_spec` (a Ray cluster's address
     comes from ``RAY_ADDRESS``; none: Ray starts a local one, unless ``ray.init`` was already called)."""
-    from envs.webshop_bridge import EnvPool, ProcessEnvPool
+    from envs.webshop_bridge import InProcessEnvPool, ProcessEnvPool
 
     env = config.env
     if env.pool == "inprocess":
-        return EnvPool(shop, capacity)
+        return InProcessEnvPool(shop, capacity)
     if env.pool == "process":
         return ProcessEnvPool(shop_spec(config), capacity, workers=env.workers)
     from esjax.envpool_ray import RayEnvPool
@@ -82,8 +82,8 @@ def shop_texts(shop, limit: int = 5000):
 
 
 def build_policy(config: Config, shop) -> LoadedPolicy:
-    from esjax.model.config import ConfigError as ModelConfigError
-    from esjax.model.hf import CheckpointError as ModelFileError
+    from esjax.model.config import ModelConfigError
+    from esjax.model.hf import ModelFileError
 
     m = config.model
     try:

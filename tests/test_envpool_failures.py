@@ -19,7 +19,7 @@ import time
 import pytest
 from test_scale_envpool_ray import _fake_ray, real_ray
 
-from envs.webshop_bridge import EnvPool, ProcessEnvPool, ShopSpec
+from envs.webshop_bridge import InProcessEnvPool, ProcessEnvPool, ShopSpec
 
 TIMEOUT = 0.5
 
@@ -68,7 +68,7 @@ def _timed_out_session_fails_alone(pool) -> None:
 
 
 def test_in_process_pool_times_out_and_replaces_a_hung_session():
-    pool = EnvPool(SPEC.build(), len(GOALS))
+    pool = InProcessEnvPool(SPEC.build(), len(GOALS))
     pool.reset(GOALS)
     first = pool.envs[0]
     _timed_out_session_fails_alone(pool)
@@ -76,7 +76,7 @@ def test_in_process_pool_times_out_and_replaces_a_hung_session():
 
 
 def test_in_process_pool_fails_a_raising_session_alone():
-    pool = EnvPool(SPEC.build(), 2)
+    pool = InProcessEnvPool(SPEC.build(), 2)
     pool.reset([0, 1])
     pool.envs[0].step = lambda action: 1 / 0
     out = pool.step(["search[a]", "search[b]"])
@@ -90,7 +90,7 @@ def test_process_pool_times_out_a_hung_session_in_its_worker():
 
 
 def test_process_pool_replaces_a_worker_that_stops_answering():
-    reference = EnvPool(SPEC.build(), len(GOALS))
+    reference = InProcessEnvPool(SPEC.build(), len(GOALS))
     with ProcessEnvPool(SPEC, len(GOALS), workers=2) as pool:
         for p in (pool, reference):
             p.reset(GOALS)

@@ -193,13 +193,13 @@ def shop():
 
 
 def _engine(shop, policy, rows=4, sigma=0.0, spec=None, max_steps=3, temperature=1.0, steps=2):
-    from envs.webshop_bridge import EnvPool
+    from envs.webshop_bridge import InProcessEnvPool
     from esjax.config import load_config
     from esjax.loop.generate import GenerateEngine
     from esjax.parts import build_generate_agent
 
     agent = build_generate_agent(load_config(None, ["agent.mode=generate", "agent.max_prompt_tokens=256"]), policy)
-    return GenerateEngine(EnvPool(shop, rows), agent, policy.config, spec or NoiseSpec(seed=0, rank=1),
+    return GenerateEngine(InProcessEnvPool(shop, rows), agent, policy.config, spec or NoiseSpec(seed=0, rank=1),
                           lambda v: sigma, max_steps, Sampling(temperature, 0.9, 20), max_new_tokens=6,
                           decode_steps=steps, max_prompt_tokens=256)
 

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 from esjax.agent.generation import generate  # noqa: E402
 from esjax.model import hf  # noqa: E402
-from esjax.model.config import ConfigError, from_hf_dict  # noqa: E402
+from esjax.model.config import ModelConfigError, from_hf_dict  # noqa: E402
 from esjax.model.decoder import default_positions, forward_jit  # noqa: E402
 from esjax.model.testing import CHAT_TEMPLATE, make_hf_checkpoint  # noqa: E402
 
@@ -162,26 +162,26 @@ def test_unsupported_configs_name_file_and_key(checkpoint, tmp_path, change, mat
     raw = json.loads((path / hf.CONFIG_FILE).read_text())
     raw.update(change)
     (tmp_path / hf.CONFIG_FILE).write_text(json.dumps(raw))
-    with pytest.raises(ConfigError, match=match) as err:
+    with pytest.raises(ModelConfigError, match=match) as err:
         hf.read_config(tmp_path)
     assert "config.json" in str(err.value)
 
 
 def test_missing_files_and_tensors_are_named(checkpoint, tmp_path):
     path, _, config, _ = checkpoint
-    with pytest.raises(hf.CheckpointError, match="config.json: file not found"):
+    with pytest.raises(hf.ModelFileError, match="config.json: file not found"):
         hf.read_config(tmp_path)
     shutil.copyfile(path / hf.CONFIG_FILE, tmp_path / hf.CONFIG_FILE)
-    with pytest.raises(hf.CheckpointError, match="model.safetensors"):
+    with pytest.raises(hf.ModelFileError, match="model.safetensors"):
         hf.load_params(tmp_path, config)
     index = {"weight_map": {"model.embed_tokens.weight": "model.safetensors"}}
     (tmp_path / hf.WEIGHTS_INDEX_FILE).write_text(json.dumps(index))
     shutil.copyfile(path / hf.WEIGHTS_FILE, tmp_path / hf.WEIGHTS_FILE)
-    with pytest.raises(hf.CheckpointError, match=r"weight_map has no key 'model\."):
+    with pytest.raises(hf.ModelFileError, match=r"weight_map has no key 'model\."):
         hf.load_params(tmp_path, config)
-    with pytest.raises(hf.CheckpointError, match="tokenizer.json: file not found"):
+    with pytest.raises(hf.ModelFileError, match="tokenizer.json: file not found"):
         hf.load_tokenizer(tmp_path)
     wrong = config.replace(intermediate_size=config.intermediate_size + 1)
     (tmp_path / hf.WEIGHTS_INDEX_FILE).unlink()
-    with pytest.raises(hf.CheckpointError, match="has shape"):
+    with pytest.raises(hf.ModelFileError, match="has shape"):
         hf.load_params(tmp_path, wrong)

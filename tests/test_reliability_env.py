@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from reliability import record
 
-from envs.webshop_bridge import EnvPool, ProcessEnvPool, ShopSpec, get_shop
+from envs.webshop_bridge import InProcessEnvPool, ProcessEnvPool, ShopSpec, get_shop
 from envs.webshop_bridge.env import WebShopTextEnv
 from esjax.config import load_config
 from esjax.loop.rollout import RolloutEngine
@@ -151,7 +151,7 @@ def test_killed_process_pool_worker_is_replaced_and_replayed():
     shop = get_shop(spec)
     n, goals = 6, [3, 4, 5, 6, 7, 8]
     scripts = [_script(shop, g) for g in goals]
-    local = EnvPool(shop, n, seed=0)
+    local = InProcessEnvPool(shop, n, seed=0)
     with ProcessEnvPool(spec, n, workers=2, seed=0) as remote:
         assert remote.reset(goals)[0] == local.reset(goals)[0]
         kills = 0

@@ -191,9 +191,9 @@ def test_config_mutations_give_config_or_one_line_error():
 # ------------------------------------------------------------------------------------------------ model folders
 
 def _model_errors():
-    from esjax.model.hf import CheckpointError
+    from esjax.model.hf import ModelFileError
 
-    return (CheckpointError, ConfigError)
+    return (ModelFileError, ConfigError)
 
 
 @pytest.fixture(scope="module")

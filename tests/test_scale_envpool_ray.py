@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from envs.webshop_bridge.pool import EnvPool
+from envs.webshop_bridge.pool import InProcessEnvPool
 from envs.webshop_bridge.shop import ShopSpec, get_shop
 
 SPEC = ShopSpec(kind="synthetic", num_products=40, seed=0)
@@ -98,7 +98,7 @@ def _drive(pool, goals):
 
 
 def _reference(goals):
-    return _drive(EnvPool(get_shop(SPEC), len(goals)), goals)
+    return _drive(InProcessEnvPool(get_shop(SPEC), len(goals)), goals)
 
 
 def test_ray_pool_fan_out_matches_the_in_process_pool(monkeypatch):

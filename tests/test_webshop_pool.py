@@ -13,7 +13,7 @@ from webshop_fixtures import REPO
 
 import envs.webshop_bridge.official as official
 from envs.webshop_bridge import (
-    EnvPool,
+    InProcessEnvPool,
     OfficialWebShopEnv,
     ProcessEnvPool,
     ShopSpec,
@@ -36,7 +36,7 @@ def test_env_pool_matches_single_envs():
     assert get_shop(SPEC) is shop  # one shop per process
     goals = [0, 1, 2, 3]
     scripts = _scripts(shop, goals)
-    pool = EnvPool(shop, 4)
+    pool = InProcessEnvPool(shop, 4)
     obs, infos = pool.reset(goals)
     assert [i["goal_index"] for i in infos] == goals and pool.instructions() == [shop.goals[g].instruction_text
                                                                                for g in goals]
@@ -62,7 +62,7 @@ def test_process_pool_matches_env_pool():
     shop = get_shop(SPEC)
     goals = [5, 6, 7]
     scripts = _scripts(shop, goals)
-    local = EnvPool(shop, 3)
+    local = InProcessEnvPool(shop, 3)
     with ProcessEnvPool(SPEC, 3, workers=2) as remote:
         assert remote.reset(goals)[0] == local.reset(goals)[0]
         for t in range(max(map(len, scripts))):

@@ -3,7 +3,7 @@ search and no Java, Flask, spaCy or network. Imports nothing from ``esjax``.
 
 Typical use::
 
-    from envs.webshop_bridge import load_webshop, synthetic_shop, WebShopTextEnv, EnvPool
+    from envs.webshop_bridge import load_webshop, synthetic_shop, WebShopTextEnv, InProcessEnvPool
 
     shop = load_webshop("webshop_small")  # the packaged real 1,000-product set, a folder, or synthetic_shop(300)
     env = WebShopTextEnv(shop)
@@ -35,16 +35,16 @@ from .policies import (
     rollout,
     summarize,
 )
-from .pool import EnvPool, ProcessEnvPool
+from .pool import InProcessEnvPool, ProcessEnvPool
 from .reward import RewardInfo, compute_reward
 from .search import SearchEngine, analyze
 from .shop import PACKAGED_DATA, Shop, ShopSpec, get_shop, load_webshop, resolve_data
 from .synthetic import SyntheticCatalog, SyntheticGoals, synthetic_shop
 
 __all__ = [
-    "COLOR_SET", "Catalog", "DEFAULT_MAX_STEPS", "DataError", "EnvPool", "EvalResult", "FirstHitPolicy",
+    "COLOR_SET", "Catalog", "DEFAULT_MAX_STEPS", "DataError", "EvalResult", "FirstHitPolicy",
     "Goal", "ListCatalog", "PACKAGED_DATA", "OfficialWebShopEnv", "OraclePolicy", "Page", "Policy", "PolicyEpisode",
-    "ProcessEnvPool",
+    "InProcessEnvPool", "ProcessEnvPool",
     "Product",    "RandomPolicy", "RewardInfo", "SEP", "SearchEngine", "Shop", "ShopSpec", "SyntheticCatalog",
     "SyntheticGoals", "WebShopTextEnv", "analyze", "compute_reward", "evaluate", "exact_purchase_reward",
     "fuzzy_match", "get_shop", "load_attribute_file", "load_human_instructions", "load_processed_jsonl",
@@ -52,3 +52,11 @@ __all__ = [
     "oracle_actions", "page_kind", "parse_action", "resolve_data", "rollout", "summarize", "synthetic_shop",
     "token_set_ratio",
 ]
+
+
+def __getattr__(name: str):
+    if name == "EnvPool":  # the former name of InProcessEnvPool
+        from . import pool
+
+        return pool.__getattr__(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """Many sessions over one shared Shop, stepped in batches; optionally spread over worker processes.
 
-``EnvPool`` keeps every session in this process (one catalog and index, as DESIGN.md asks).
+``InProcessEnvPool`` keeps every session in this process (one catalog and index, as DESIGN.md asks).
 ``ProcessEnvPool`` splits sessions across worker processes that each build the shop from a picklable
 :class:`ShopSpec` (once per worker) — for CPU-heavy use where one core cannot keep up. Both (and
 ``esjax.envpool_ray.RayEnvPool``) share one batched API, the one the trainer's rollout engine drives
@@ -48,7 +48,7 @@ def collect_step(n: int, live: Sequence[tuple[int, str]], outs: Sequence[RowStep
     return list(obs), rewards, done.copy(), infos
 
 
-class EnvPool:
+class InProcessEnvPool:
     """``n`` :class:`WebShopTextEnv` sessions sharing ``shop``."""
 
     def __init__(self, shop: Shop, n: int, **env_kwargs):
@@ -182,7 +182,7 @@ class _StepBatch:
 
 def _worker(conn, spec: ShopSpec, n: int, env_kwargs: dict) -> None:
     try:
-        pool = EnvPool(get_shop(spec), n, **env_kwargs)
+        pool = InProcessEnvPool(get_shop(spec), n, **env_kwargs)
         conn.send(("ok", None))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
@@ -223,7 +223,7 @@ class ProcessEnvPool:
     builds the shop, every session it owned is reset to its goal and its actions since that reset are
     replayed, and the interrupted command is sent again — the caller sees the same results as without
     the crash (exactly so when the envs are seeded, ``seed=``). A ``step`` with a ``timeout`` is timed in the
-    worker, session by session, as on :class:`EnvPool`; a worker that does not answer at all within
+    worker, session by session, as on :class:`InProcessEnvPool`; a worker that does not answer at all within
     ``timeout`` × (its stepped sessions + 1) seconds is killed and replaced the same way, and the sessions it
     was stepping come back failed (``info['failure']``, reset them before stepping them again). After
     ``max_restarts`` replacements in total the pool gives up with a RuntimeError. ``restarts`` counts them.
@@ -412,3 +412,12 @@ class ProcessEnvPool:
     def __del__(self):
         if getattr(self, "_procs", None):
             self.close()
+
+
+def __getattr__(name: str):
+    if name == "EnvPool":  # the former name (the trainer's protocol is esjax.loop.protocols.EnvPool)
+        import warnings
+
+        warnings.warn("envs.webshop_bridge EnvPool is now InProcessEnvPool", DeprecationWarning, stacklevel=2)
+        return InProcessEnvPool
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,8 +18,12 @@ _ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
-class ConfigError(ValueError):
-    """A config.json that esjax cannot run (names the file and key)."""
+class ModelConfigError(ValueError):
+    """A config.json that esjax cannot run (names the file and key). A run config's problem is
+    :class:`esjax.config.ConfigError`."""
+
+
+ConfigError = ModelConfigError  # the former name, still imported by esjax.plan.models
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,14 +71,15 @@ class ModelConfig:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                      "intermediate_size"):
             if int(getattr(self, name)) < 1:
-                raise ConfigError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+                raise ModelConfigError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
-            raise ConfigError(f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+            raise ModelConfigError(f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
                               f"({self.num_kv_heads})")
         if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(f"ModelConfig.model_type must be one of {SUPPORTED_MODEL_TYPES}, got {self.model_type!r}")
+            raise ModelConfigError(f"ModelConfig.model_type must be one of {SUPPORTED_MODEL_TYPES}, got "
+                                   f"{self.model_type!r}")
         if self.dtype not in _DTYPES:
-            raise ConfigError(f"ModelConfig.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+            raise ModelConfigError(f"ModelConfig.dtype must be one of {_DTYPES}, got {self.dtype!r}")
 
     @property
     def q_dim(self) -> int:
@@ -95,7 +100,7 @@ class ModelConfig:
 
 def _require(d: Mapping[str, Any], key: str, source: str) -> Any:
     if key not in d or d[key] is None:
-        raise ConfigError(f"{source}: missing required key {key!r}")
+        raise ModelConfigError(f"{source}: missing required key {key!r}")
     return d[key]
 
 
@@ -109,15 +114,16 @@ def _rope_from_hf(d: Mapping[str, Any], source: str) -> tuple[float, RopeScaling
         if "rope_theta" in d:
             params.setdefault("rope_theta", d["rope_theta"])
     if not isinstance(params, Mapping):
-        raise ConfigError(f"{source}: {key!r} must be a dict, got {type(params).__name__}")
+        raise ModelConfigError(f"{source}: {key!r} must be a dict, got {type(params).__name__}")
     if params and all(isinstance(v, Mapping) for v in params.values()):
-        raise ConfigError(f"{source}: per-layer-type {key!r} (keys {sorted(params)}) is not supported")
+        raise ModelConfigError(f"{source}: per-layer-type {key!r} (keys {sorted(params)}) is not supported")
     theta = float(params.get("rope_theta", d.get("rope_theta", 10000.0)))
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in SUPPORTED_ROPE_TYPES:
-        raise ConfigError(f"{source}: {key}.rope_type={kind!r} is not supported (supported: {SUPPORTED_ROPE_TYPES})")
+        raise ModelConfigError(f"{source}: {key}.rope_type={kind!r} is not supported (supported: "
+                               f"{SUPPORTED_ROPE_TYPES})")
     if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ConfigError(f"{source}: {key}.partial_rotary_factor != 1 is not supported")
+        raise ModelConfigError(f"{source}: {key}.partial_rotary_factor != 1 is not supported")
     if kind == "default":
         return theta, None
     factor = float(_require(params, "factor", f"{source} {key}"))
@@ -151,23 +157,23 @@ def from_hf_dict(d: Mapping[str, Any], source: str = "config.json") -> ModelConf
     """Parse a Hugging Face config dict. ``source`` names the file in error messages."""
     model_type = d.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ConfigError(f"{source}: model_type={model_type!r} is not supported "
+        raise ModelConfigError(f"{source}: model_type={model_type!r} is not supported "
                           f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
     archs = d.get("architectures") or []
     expected = _ARCHITECTURES[model_type]
     if archs and any(a != expected for a in archs):
-        raise ConfigError(f"{source}: architectures={archs!r} is not supported for model_type={model_type!r} "
+        raise ModelConfigError(f"{source}: architectures={archs!r} is not supported for model_type={model_type!r} "
                           f"(expected [{expected!r}])")
     act = d.get("hidden_act", "silu")
     if act != "silu":
-        raise ConfigError(f"{source}: hidden_act={act!r} is not supported (only 'silu')")
+        raise ModelConfigError(f"{source}: hidden_act={act!r} is not supported (only 'silu')")
     if d.get("use_sliding_window"):
-        raise ConfigError(f"{source}: use_sliding_window=true is not supported")
+        raise ModelConfigError(f"{source}: use_sliding_window=true is not supported")
     layer_types = d.get("layer_types")
     if layer_types and any(t != "full_attention" for t in layer_types):
-        raise ConfigError(f"{source}: layer_types other than 'full_attention' are not supported")
+        raise ModelConfigError(f"{source}: layer_types other than 'full_attention' are not supported")
     if int(d.get("pretraining_tp", 1)) != 1:
-        raise ConfigError(f"{source}: pretraining_tp != 1 is not supported")
+        raise ModelConfigError(f"{source}: pretraining_tp != 1 is not supported")
 
     hidden = int(_require(d, "hidden_size", source))
     heads = int(_require(d, "num_attention_heads", source))
@@ -239,8 +245,8 @@ def to_hf_dict(config: ModelConfig, base: Mapping[str, Any] | None = None) -> di
     )
     if config.model_type == "llama":
         if config.qkv_bias != config.o_bias:
-            raise ConfigError("llama configs tie q/k/v and o biases (attention_bias); got qkv_bias != o_bias")
+            raise ModelConfigError("llama configs tie q/k/v and o biases (attention_bias); got qkv_bias != o_bias")
         out.update(attention_bias=config.qkv_bias, mlp_bias=config.mlp_bias)
     elif not config.qkv_bias or config.o_bias or config.mlp_bias:
-        raise ConfigError("qwen2 configs have q/k/v bias and no o/mlp bias; use model_type='llama' otherwise")
+        raise ModelConfigError("qwen2 configs have q/k/v bias and no o/mlp bias; use model_type='llama' otherwise")
     return out

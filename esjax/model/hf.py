@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from esjax.es.noise import path_str
-from esjax.model.config import ConfigError, ModelConfig, from_hf_dict, to_hf_dict
+from esjax.model.config import ModelConfig, ModelConfigError, from_hf_dict, to_hf_dict
 from esjax.model.params import param_shapes
 from esjax.model.sharding import param_shardings
 
@@ -40,7 +40,7 @@ TOKENIZER_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, "special_tokens_map.js
                    "tokenizer.model")
 
 
-class CheckpointError(ValueError):
+class ModelFileError(ValueError):
     """A missing or malformed checkpoint file or tensor (names the file and key)."""
 
 
@@ -51,16 +51,16 @@ class CheckpointError(ValueError):
 
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        raise CheckpointError(f"{path}: file not found")
+        raise ModelFileError(f"{path}: file not found")
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path}: invalid JSON ({err})") from err
+        raise ModelFileError(f"{path}: invalid JSON ({err})") from err
     except (UnicodeDecodeError, OSError) as err:
-        raise CheckpointError(f"{path}: cannot be read as JSON text ({err.__class__.__name__})") from err
+        raise ModelFileError(f"{path}: cannot be read as JSON text ({err.__class__.__name__})") from err
     if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
+        raise ModelFileError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
 
 
@@ -124,14 +124,14 @@ class SafetensorsReader:
             index = _read_json(index_path)
             weight_map = index.get("weight_map")
             if not isinstance(weight_map, Mapping):
-                raise CheckpointError(f"{index_path}: missing key 'weight_map'")
+                raise ModelFileError(f"{index_path}: missing key 'weight_map'")
             self.source = index_path
             self.weight_map = dict(weight_map)
         elif single.is_file():
             self.source = single
             self.weight_map = None
         else:
-            raise CheckpointError(f"{self.dir}: neither {WEIGHTS_FILE} nor {WEIGHTS_INDEX_FILE} found")
+            raise ModelFileError(f"{self.dir}: neither {WEIGHTS_FILE} nor {WEIGHTS_INDEX_FILE} found")
         self._open = safe_open
         self._handles: dict[str, Any] = {}
         self._names: dict[str, set[str]] = {}
@@ -140,11 +140,11 @@ class SafetensorsReader:
         if file not in self._handles:
             path = self.dir / file
             if not path.is_file():
-                raise CheckpointError(f"{self.source}: refers to {file}, which does not exist in {self.dir}")
+                raise ModelFileError(f"{self.source}: refers to {file}, which does not exist in {self.dir}")
             try:
                 handle = self._open(str(path), framework="np")
             except Exception as err:  # noqa: BLE001 - SafetensorError and friends: a corrupt header
-                raise CheckpointError(f"{path}: not a valid safetensors file ({_first_line(err)})") from err
+                raise ModelFileError(f"{path}: not a valid safetensors file ({_first_line(err)})") from err
             self._handles[file] = handle
             self._names[file] = set(handle.keys())
         return self._handles[file]
@@ -153,7 +153,7 @@ class SafetensorsReader:
         if self.weight_map is None:
             return WEIGHTS_FILE
         if name not in self.weight_map:
-            raise CheckpointError(f"{self.source}: weight_map has no key {name!r}")
+            raise ModelFileError(f"{self.source}: weight_map has no key {name!r}")
         return self.weight_map[name]
 
     def has(self, name: str) -> bool:
@@ -166,7 +166,7 @@ class SafetensorsReader:
         file = self._file_of(name)
         handle = self._handle(file)
         if name not in self._names[file]:
-            raise CheckpointError(f"{self.dir / file}: missing tensor {name!r}")
+            raise ModelFileError(f"{self.dir / file}: missing tensor {name!r}")
         return handle.get_slice(name)
 
     def shape(self, name: str) -> tuple[int, ...]:
@@ -231,7 +231,7 @@ def load_params(model_dir: str | os.PathLike, config: ModelConfig | None = None,
         for name in names:
             got = reader.shape(name)
             if got != tuple(expected):
-                raise CheckpointError(f"{reader.source}: tensor {name!r} has shape {list(got)}, expected "
+                raise ModelFileError(f"{reader.source}: tensor {name!r} has shape {list(got)}, expected "
                                       f"{list(expected)} from {CONFIG_FILE}")
         cb = _leaf_callback(reader, tmap, struct.shape, np.dtype(struct.dtype))
         return jax.make_array_from_callback(struct.shape, sharding, cb, dtype=struct.dtype)
@@ -250,11 +250,11 @@ def load_tokenizer(model_dir: str | os.PathLike):
 
     path = Path(model_dir) / TOKENIZER_FILE
     if not path.is_file():
-        raise CheckpointError(f"{path}: file not found")
+        raise ModelFileError(f"{path}: file not found")
     try:
         return Tokenizer.from_file(str(path))
     except Exception as err:  # noqa: BLE001 - the tokenizers library raises a bare Exception
-        raise CheckpointError(f"{path}: not a valid tokenizer file ({_first_line(err)})") from err
+        raise ModelFileError(f"{path}: not a valid tokenizer file ({_first_line(err)})") from err
 
 
 def _first_line(err: BaseException) -> str:
@@ -283,7 +283,7 @@ def load_chat_template(model_dir: str | os.PathLike) -> str | None:
     if isinstance(template, list):  # [{'name': 'default', 'template': ...}, ...]
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
         if "default" not in named:
-            raise CheckpointError(f"{model_dir / TOKENIZER_CONFIG_FILE}: chat_template list has no 'default' entry")
+            raise ModelFileError(f"{model_dir / TOKENIZER_CONFIG_FILE}: chat_template list has no 'default' entry")
         template = named["default"]
     return template
 
@@ -326,7 +326,7 @@ class Pretrained:
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                             **variables: Any) -> str:
         if self.chat_template is None:
-            raise CheckpointError(f"{self.path}: no chat template ({CHAT_TEMPLATE_FILE} or "
+            raise ModelFileError(f"{self.path}: no chat template ({CHAT_TEMPLATE_FILE} or "
                                   f"{TOKENIZER_CONFIG_FILE}['chat_template'])")
         return render_chat(self.chat_template, messages, add_generation_prompt, **self.special_tokens, **variables)
 
@@ -356,7 +356,7 @@ def _hf_tensors(config: ModelConfig, params: Any, np_dtype: np.dtype):
     for kp, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         path = path_str(kp)
         if path not in tmaps:
-            raise CheckpointError(f"export: parameter {path!r} has no Hugging Face name")
+            raise ModelFileError(f"export: parameter {path!r} has no Hugging Face name")
         tmap = tmaps[path]
         host = np.asarray(jax.device_get(leaf)).astype(np_dtype)
         slices = [(tmap.name.format(i=i), host[i]) for i in range(host.shape[0])] if tmap.stacked \
@@ -385,8 +385,8 @@ def export_pretrained(out_dir: str | os.PathLike, config: ModelConfig, params: A
         _, raw_config = read_config(source_dir)
     try:
         hf_config = to_hf_dict(config.replace(dtype=dtype_name), raw_config)
-    except ConfigError as err:
-        raise CheckpointError(f"export: {err}") from err
+    except ModelConfigError as err:
+        raise ModelFileError(f"export: {err}") from err
 
     shards: list[dict[str, np.ndarray]] = [{}]
     sizes = [0]
