@@ -49,7 +49,8 @@ from esjax.loop.engine import ESUpdate
 from esjax.loop.rollout import Episode, RolloutEngine
 from esjax.loop.tasks import hash_ints
 from esjax.loop.types import Result, UpdateRecord
-from esjax.metrics import MetricsWriter
+from esjax.metrics import MetricsWriter, RecordCounter
+from esjax.model.sharding import put_global
 from esjax.parts import (
     build_agent,
     build_coordinator,
@@ -93,12 +94,10 @@ class Trainer:
         self.engine: RolloutEngine | GenerateEngine = build_engine(config, self.pool, self.agent, self.policy,
                                                                    self.es_config)
         self.generate = config.agent.mode == "generate"  # update and eval records count invalid actions
+        self.primary = jax.process_index() == 0  # writes the run directory's files in a multi-process job
         self.mesh = None
         self.sharded = None
-        if config.mesh.distributed:
-            raise ConfigError("mesh.distributed: the trainer runs on one host's devices for now; multi-process "
-                              "runs are available through esjax.parallel (python -m esjax.parallel.smoke)")
-        if len(jax.devices()) > 1:  # shard θ and its update over ('data', 'model'); rows over 'data'
+        if len(jax.devices()) > 1:  # shard θ and its update over ('data', 'model'), all processes' devices
             from esjax.model.sharding import mesh_from_config
             from esjax.parallel.sharded import ShardedES
 
@@ -115,12 +114,12 @@ class Trainer:
         self.constant_fitness_updates = 0  # updates whose cohort fitness was all equal, in this process
         self.last_update_wall = 0.0
         self.restored_records: int | None = None  # metrics records a restored checkpoint had seen written
-        self.writer: MetricsWriter | None = None
+        self.writer: MetricsWriter | RecordCounter | None = None
         self.checkpointer: Checkpointer | None = None
         self._progress: Progress | None = None
 
     # ----------------------------------------------------------------------------------------- the algorithm
-    def run(self, writer: MetricsWriter, checkpointer: Checkpointer, progress: Progress) -> None:
+    def run(self, writer: MetricsWriter | RecordCounter, checkpointer: Checkpointer, progress: Progress) -> None:
         """Bounded-staleness asynchronous ES, one tick at a time, until version ``run.updates``:
 
         1. **dispatch**: fill free rollout rows — evaluation episodes first, then member jobs at the versions
@@ -157,7 +156,7 @@ class Trainer:
                 continue
             self._new_version(self.coord.advance(metrics))
 
-    def _begin(self, writer: MetricsWriter, checkpointer: Checkpointer, progress: Progress) -> None:
+    def _begin(self, writer: MetricsWriter | RecordCounter, checkpointer: Checkpointer, progress: Progress) -> None:
         self.writer, self.checkpointer, self._progress = writer, checkpointer, progress
         self._wall_start = time.perf_counter()
         self.last_update_wall = self.wall_time()
@@ -466,7 +465,8 @@ class Trainer:
 
     def _maybe_finish_eval(self, ev: Evaluation) -> None:
         if ev.complete:
-            if self.traces:  # written before the record: a record in metrics.jsonl means its traces exist
+            # written before the record: a record in metrics.jsonl means its traces exist
+            if self.traces and self.primary:
                 write_traces(self.run_dir / "traces" / f"eval-v{ev.version}.jsonl",
                              (ev.traces[p] for p in sorted(ev.traces)))
             record = ev.record(self.wall_time())
@@ -491,7 +491,7 @@ class Trainer:
 
         params = self.policy.params
         if self.sharded is not None:
-            params = jax.device_put(params, self.sharded.shardings.params)
+            params = put_global(params, self.sharded.shardings.params)
         self.es_update = self._es_update(init(self.es_config, params))
         self.coord = build_coordinator(self.config, len(self.train_goals))
 

@@ -65,6 +65,20 @@ class MetricsWriter:
             mirror.close()
 
 
+class RecordCounter:
+    """The metrics writer of a process that does not write the run directory (any but the primary of a
+    multi-process job): it only counts records, so the loop state it checkpoints agrees with the primary's."""
+
+    def __init__(self, count: int = 0):
+        self.count = count
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.count += 1
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
 def _missing_extra(key: str, package: str, extra: str) -> ImportError:
     return ImportError(f"{key}: needs the optional {package} package, which is not installed: "
                        f"pip install 'esjax[{extra}]' (or --set {key}=false)")

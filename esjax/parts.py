@@ -58,7 +58,21 @@ def build_shop(config: Config):
 def build_pool(config: Config, shop, capacity: int) -> EnvPool:
     """``capacity`` env sessions where ``env.pool`` says: in this process over ``shop``, or in ``env.workers``
     worker processes / Ray actors that each build the shop from :func:`shop_spec` (a Ray cluster's address
-    comes from ``RAY_ADDRESS``; none: Ray starts a local one, unless ``ray.init`` was already called)."""
+    comes from ``RAY_ADDRESS``; none: Ray starts a local one, unless ``ray.init`` was already called).
+
+    In a multi-process job each process serves its share of the rows in such a pool and the answers are
+    exchanged (:class:`esjax.parallel.envrows.ProcessRowsPool`)."""
+    import jax
+
+    if jax.process_count() > 1:
+        from esjax.parallel.envrows import ProcessRowsPool
+
+        return ProcessRowsPool(capacity, lambda rows: _local_pool(config, shop, rows), jax.process_index(),
+                               jax.process_count())
+    return _local_pool(config, shop, capacity)
+
+
+def _local_pool(config: Config, shop, capacity: int) -> EnvPool:
     from envs.webshop_bridge import InProcessEnvPool, ProcessEnvPool
 
     env = config.env

@@ -17,7 +17,9 @@ import jax
 from esjax.checkpoint import Checkpointer, StorageError
 from esjax.config import Config, config_to_yaml
 from esjax.driver import RunAborted, Trainer
-from esjax.metrics import MetricsWriter, read_metrics, truncate_after, truncate_records
+from esjax.metrics import MetricsWriter, RecordCounter, read_metrics, truncate_after, truncate_records
+from esjax.parallel import multihost
+from esjax.parallel.multihost import ProcessInfo, allgather_objects, barrier
 from esjax.parts import check_extras
 from esjax.progress import Progress
 from esjax.rundir import (
@@ -64,6 +66,14 @@ def enable_compilation_cache(path: str | None) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+def join_job(config: Config) -> ProcessInfo:
+    """This process's place in the job: with ``mesh.distributed`` it joins the multi-process job first (settings
+    from the ``ESJAX_*`` / ``JAX_*`` environment or the cluster, see :mod:`esjax.parallel.multihost`)."""
+    if config.mesh.distributed:
+        return multihost.initialize()
+    return multihost.process_info()
+
+
 def train(config: Config, run_dir: str | Path | None = None, resume: bool = False,
           overrides: list[str] | None = None) -> TrainResult:
     """Run (or resume) a training job and write its run directory; returns the final θ and records.
@@ -75,39 +85,47 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
     no new run directory behind. Ctrl-C later raises :class:`RunInterrupted`, whose message names the latest
     checkpoint and the command that resumes from it.
     """
+    job = join_job(config)  # a multi-process job forms here, before anything touches a device
     run_dir = Path(run_dir or config.run.run_dir or default_run_dir(config))
+    if job.process_count > 1:  # the primary's default name (it has the time in it) for everyone
+        run_dir = Path(allgather_objects(str(run_dir))[0])
+    primary = job.is_primary  # the one process that writes the run directory's files (orbax: each its part)
     check_extras(config)
-    created = prepare_run_dir(run_dir, resume)
-    if config.run.progress:
+    created = prepare_run_dir(run_dir, resume) if primary else None
+    barrier("esjax: run directory ready")
+    if config.run.progress and primary:
         print(f"{'resuming' if resume else 'writing'} the run in {run_dir}: loading the shop and the policy",
               flush=True)
     checkpointer = writer = trainer = None
     try:
         enable_compilation_cache(config.run.compilation_cache)
-        if not resume:
+        if not resume and primary:
             (run_dir / CONFIG_FILE).write_text(config_to_yaml(config))
             (run_dir / "run.json").write_text(json.dumps(run_metadata(config, overrides), indent=2))
         trainer = Trainer(config, run_dir)
         checkpointer = Checkpointer(run_dir, config.run.keep_checkpoints)
         metrics_path = run_dir / "metrics.jsonl"
+        kept = 0  # metrics records that stay in the file
         if resume and checkpointer.steps():
             step = trainer.restore(checkpointer)
             if trainer.restored_records is not None:  # drop what was written after the checkpoint
                 kept = trainer.restored_records
                 if trainer.counters.finished and trainer.version < config.run.updates:
                     kept -= 1  # a finished run extended: its end record (the last before that save) is redone
-                truncate_records(metrics_path, kept)
-            else:  # a checkpoint from before record counting
+                if primary:
+                    truncate_records(metrics_path, kept)
+            elif primary:  # a checkpoint from before record counting
                 truncate_after(metrics_path, step)
         else:
-            if resume:
+            if resume and primary:
                 metrics_path.unlink(missing_ok=True)
             trainer.fresh()
         wandb = None
         if config.run.wandb:
             wandb = {"project": config.run.wandb_project, "name": run_dir.name, "config": config.model_dump()}
-        writer = MetricsWriter(run_dir, config.run.tensorboard, wandb)
-        if resume:
+        writer = MetricsWriter(run_dir, config.run.tensorboard, wandb) if primary else RecordCounter(kept)
+        barrier("esjax: run restored")
+        if resume and primary:
             record_resume(run_dir, overrides)
             if overrides:  # config.yaml says what the run is now (e.g. an extended run.updates)
                 (run_dir / CONFIG_FILE).write_text(config_to_yaml(config))
@@ -116,7 +134,7 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
             if part is not None:
                 with contextlib.suppress(Exception):
                     part.close()
-        if created is not None:
+        if created is not None:  # only the primary creates it
             shutil.rmtree(created, ignore_errors=True)
         if isinstance(err, OSError):
             raise StorageError(f"{run_dir}: cannot write the run ({storage_reason(err)})") from None
@@ -126,19 +144,22 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
             raise RunInterrupted(f"interrupted during start-up: nothing was trained, {where}", run_dir, None,
                                  removed=created is not None) from None
         raise
-    progress = Progress(config.run.updates, enabled=config.run.progress)
+    progress = Progress(config.run.updates, enabled=config.run.progress and primary)
     failed, interrupted, removed = True, False, False
     steps: list[int] = []
     try:
         with progress, (jax.set_mesh(trainer.mesh) if trainer.mesh is not None else contextlib.nullcontext()):
             trainer.run(writer, checkpointer, progress)
+        barrier("esjax: run finished")  # every record is on disk (each write is synced) before anyone reads
         records = read_metrics(run_dir / "metrics.jsonl")
-        from esjax.plots import write_plots, write_summary
+        summary = None
+        if primary:
+            from esjax.plots import write_plots, write_summary
 
-        run_info = read_run_info(run_dir)
-        write_plots(records, run_dir / "plots", plot_title(config, run_info))
-        summary = write_summary(records, run_dir / "summary.md", f"{config.run.name}: {config.schedule.kind} ES",
-                                run_info=run_info)
+            run_info = read_run_info(run_dir)
+            write_plots(records, run_dir / "plots", plot_title(config, run_info))
+            summary = write_summary(records, run_dir / "summary.md",
+                                    f"{config.run.name}: {config.schedule.kind} ES", run_info=run_info)
         failed = False
     except OSError as err:  # a full or read-only disk under the run directory: stop, keep the last checkpoint
         raise StorageError(f"{run_dir}: cannot write the run ({storage_reason(err)}); stopped at version "
@@ -158,7 +179,8 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
     if interrupted:
         raise interrupted_error(run_dir, trainer.version, steps, config.run.checkpoint_every, removed,
                            overrides if resume else None) from None
-    progress.final(summary, records)
-    if config.run.progress:
+    if summary is not None:
+        progress.final(summary, records)
+    if config.run.progress and primary:
         print(f"run directory: {run_dir} (summary.md, plots/, metrics.jsonl, checkpoints/)", flush=True)
     return TrainResult(run_dir, trainer.version, trainer.es_update.state.params, records, trainer.coord.totals())

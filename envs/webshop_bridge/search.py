@@ -37,10 +37,11 @@ def _import_bm25s():
     """Import bm25s without JAX.
 
     When JAX is installed, bm25s imports it at import time and runs a ``top_k`` to probe the backend
-    (seconds per process, and it initializes XLA in env worker processes). We never use that path, so
-    unless JAX is already loaded, JAX is hidden for the duration of the import.
+    (seconds per process; it initializes XLA in env worker processes, and in a trainer process it would start
+    JAX's backends before a multi-process job could form). We never use that path, so JAX is hidden for the
+    duration of the import, loaded or not.
     """
-    if "bm25s" in sys.modules or "jax" in sys.modules:
+    if "bm25s" in sys.modules:
         import bm25s
 
         return bm25s

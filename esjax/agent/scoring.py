@@ -28,7 +28,7 @@ from esjax.agent.buckets import DEFAULT_BUCKETS, Buckets
 from esjax.model.config import ModelConfig
 from esjax.model.decoder import default_positions, forward, init_cache, logits_from_hidden
 from esjax.model.perturb import Perturbation, Prepared, prepare_jit
-from esjax.model.sharding import put_batch
+from esjax.model.sharding import put_batch, to_host
 
 #: Upper bound on the float32 logits materialized at once by ``token_logprobs``.
 LOGITS_CHUNK_BYTES = 32 << 20
@@ -133,7 +133,7 @@ class PendingScores:
         k_max = max([len(c) for c in self.candidate_lengths] + [1])
         if self.out is None:
             return np.zeros((0, 0), np.float32)
-        raw = np.asarray(jax.device_get(self.out), np.float32)
+        raw = to_host(self.out).astype(np.float32, copy=False)
         scores = np.full((self.rows, k_max), -np.inf, np.float32)  # missing candidates stay -inf
         for r, lens in enumerate(self.candidate_lengths):
             if not lens:

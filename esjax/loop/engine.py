@@ -23,6 +23,7 @@ from esjax.es import step as es_step
 from esjax.loop.coordinator import RejectedUpdate
 from esjax.loop.tasks import hash_ints
 from esjax.loop.types import Cohort, Job
+from esjax.model.sharding import to_host
 
 PyTree = Any
 
@@ -94,7 +95,7 @@ def _finite_flags(params: PyTree) -> list:
 
 def nonfinite_leaves(params: PyTree) -> list[str]:
     """Paths of the leaves of ``params`` holding a NaN or an infinity (one fused device check)."""
-    flags = np.asarray(jax.device_get(_finite_flags(params)))
+    flags = np.array([to_host(flag) for flag in _finite_flags(params)])
     if flags.all():
         return []
     paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)]

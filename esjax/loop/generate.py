@@ -41,8 +41,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from esjax.agent.buckets import next_power_of_two
 from esjax.agent.lanes import PREFILL_BUCKETS, Lane, RowState, Sampling, split_seed
 from esjax.es.noise import NoiseSpec
@@ -50,6 +48,7 @@ from esjax.loop.protocols import EnvPool, GeneratingAgent
 from esjax.loop.rollout import Episode, EpisodeKind, RolloutEngine, TickStats, restore_arguments
 from esjax.loop.tasks import hash_ints
 from esjax.model.config import ModelConfig
+from esjax.model.sharding import to_host
 
 _TAG_TURN = 0x7E57  # separates the turn seeds from any other use of the sampling seed
 
@@ -223,8 +222,8 @@ class GenerateEngine(RolloutEngine):
         t0 = time.perf_counter()
         ended: list[GenEpisode] = []
         for lane, group, starting, first, out in pending:
-            first_h = None if first is None else np.asarray(first)
-            out_h = np.asarray(out)
+            first_h = None if first is None else to_host(first)
+            out_h = to_host(out)
             for i, episode in enumerate(starting):
                 episode.needs_prefill = False
                 self._take(episode, [int(first_h[i])])

@@ -217,7 +217,7 @@ def load_params(model_dir: str | os.PathLike, config: ModelConfig | None = None,
     shapes = param_shapes(config, dtype)
     tmaps = hf_tensor_map(config)
     if mesh is None:
-        device_sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        device_sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         shardings = jax.tree.map(lambda _: device_sharding, shapes)
     else:
         shardings = param_shardings(config, mesh)

@@ -178,6 +178,34 @@ def put_batch(x: Any, mesh: Mesh | None = None) -> jax.Array:
     return jax.device_put(x, batch_sharding(mesh, x.shape))
 
 
+def put_global(tree: Any, shardings: Any) -> Any:
+    """``jax.device_put(tree, shardings)`` that also works in a multi-process job. There a process-local array
+    cannot be sent to other processes' devices, so each process fills its own devices' shards from its host copy
+    (every process holds the same values: the same checkpoint, seed or state); leaves already spread over the
+    job are resharded by ``device_put``."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+
+    def put(x: Any, sharding: Any) -> Any:
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return jax.device_put(x, sharding)
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    return jax.tree.map(put, tree, shardings)
+
+
+def to_host(array: Any) -> np.ndarray:
+    """A jitted program's output as one host array: a process-local or fully replicated array is read directly;
+    one sharded over other processes' devices (a multi-process job) is gathered first (one collective, so every
+    process must ask for it)."""
+    if getattr(array, "is_fully_addressable", True) or array.is_fully_replicated:
+        return np.asarray(array)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+
+
 def _concrete_mesh() -> Mesh | None:
     mesh = jax.sharding.get_mesh()
     if mesh is None or getattr(mesh, "empty", True) or not isinstance(mesh, Mesh):

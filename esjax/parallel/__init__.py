@@ -9,6 +9,7 @@ from esjax.parallel.multihost import (
     DistributedConfig,
     DistributedError,
     ProcessInfo,
+    allgather_objects,
     allgather_rows,
     barrier,
     check_agreement,
@@ -36,8 +37,9 @@ from esjax.parallel.sharded import (
 )
 
 __all__ = [
-    "DistributedConfig", "DistributedError", "ProcessInfo", "ShardedES", "allgather_rows", "barrier",
-    "check_agreement", "check_partitionable", "decode_results", "encode_results", "exchange_results", "initialize",
-    "is_initialized", "like_params_shardings", "local_rows", "owned_rows", "per_device_bytes", "population_forward",
-    "process_info", "row_owners", "setup", "shard_perturbation", "shutdown", "state_shardings", "update_memory",
+    "DistributedConfig", "DistributedError", "ProcessInfo", "ShardedES", "allgather_objects", "allgather_rows",
+    "barrier", "check_agreement", "check_partitionable", "decode_results", "encode_results", "exchange_results",
+    "initialize", "is_initialized", "like_params_shardings", "local_rows", "owned_rows", "per_device_bytes",
+    "population_forward", "process_info", "row_owners", "setup", "shard_perturbation", "shutdown", "state_shardings",
+    "update_memory",
 ]

@@ -278,6 +278,25 @@ def allgather_rows(rows: np.ndarray) -> np.ndarray:
     return np.asarray(gathered)
 
 
+def allgather_objects(value: Any) -> list[Any]:
+    """Every process's ``value`` (any picklable object), in process order — identical on every process.
+
+    Two collectives: the pickled sizes, then the bytes padded to the largest. Every process must call it
+    at the same point of the program (the replicated host loop guarantees that)."""
+    import pickle
+
+    import jax
+
+    if jax.process_count() == 1:
+        return [value]
+    blob = np.frombuffer(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = allgather_rows(np.array([blob.size], np.int32)).reshape(-1)
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[: blob.size] = blob
+    everything = allgather_rows(padded)
+    return [pickle.loads(everything[p, : int(n)].tobytes()) for p, n in enumerate(sizes)]
+
+
 def exchange_results(local: Sequence[Result], capacity: int = 64) -> list[Result]:
     """All processes' finished results of this tick, sorted by job id — identical on every process.
 

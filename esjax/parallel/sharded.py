@@ -29,7 +29,7 @@ from esjax.es.noise import path_str
 from esjax.model.config import ModelConfig
 from esjax.model.decoder import forward
 from esjax.model.perturb import Perturbation
-from esjax.model.sharding import param_shardings, put_batch
+from esjax.model.sharding import param_shardings, put_batch, put_global
 
 PyTree = Any
 
@@ -116,11 +116,11 @@ class ShardedES:
 
     def place(self, state: Any) -> Any:
         """Put an ``ESState`` (e.g. restored on host, or freshly initialized) onto the mesh."""
-        return jax.device_put(state, self.shardings)
+        return put_global(state, self.shardings)
 
     def init(self, params: PyTree, version: int = 0) -> Any:
         """``esjax.es.step.init`` with θ placed on the mesh first (so θ_0 and moments are sharded too)."""
-        params = jax.device_put(params, self.shardings.params)
+        params = put_global(params, self.shardings.params)
         return self.place(es_step.init(self.es_config, params, version))
 
     def _cohort(self, versions, indices, fitness):
