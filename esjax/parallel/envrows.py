@@ -45,23 +45,24 @@ class ProcessRowsPool:
         """Positions ``k`` of ``rows`` whose row this process serves."""
         return [k for k, r in enumerate(rows) if owner_of(int(r), self.processes) == self.me]
 
-    def _gather(self, count: int, answers: dict[int, Any]) -> list[Any]:
-        """Every process's answers (position -> answer) merged into one list of ``count``."""
+    def _ask(self, rows: Sequence[int], call: Callable[[list[int], list[int]], list[Any]]) -> list[Any]:
+        """One answer per row of ``rows``: ``call(local_rows, positions)`` answers the rows this process serves
+        (``positions``: where they stand in ``rows``), then every process's answers are merged in order."""
+        mine = self._mine(rows)
+        outs = call([self._local_row(rows[k]) for k in mine], mine) if mine else []
         merged: dict[int, Any] = {}
-        for part in allgather_objects(answers):
+        for part in allgather_objects(dict(zip(mine, outs))):
             merged.update(part)
-        if len(merged) != count:
-            raise RuntimeError(f"env rows: {count - len(merged)} of {count} answers are missing after the exchange")
-        return [merged[k] for k in range(count)]
+        if len(merged) != len(rows):
+            raise RuntimeError(f"env rows: {len(rows) - len(merged)} of {len(rows)} answers are missing after the "
+                               "exchange")
+        return [merged[k] for k in range(len(rows))]
 
     def _local_row(self, row: int) -> int:
         return int(row) // self.processes
 
     def reset_rows(self, rows: Sequence[int], goals: Sequence[int]) -> list[tuple[str, dict[str, Any]]]:
-        mine = self._mine(rows)
-        outs = self.local.reset_rows([self._local_row(rows[k]) for k in mine], [goals[k] for k in mine]) if mine \
-            else []
-        return self._gather(len(rows), dict(zip(mine, outs)))
+        return self._ask(rows, lambda local, mine: self.local.reset_rows(local, [goals[k] for k in mine]))
 
     def step(self, actions: Sequence[str | None], timeout: float | None = None
              ) -> tuple[list[str], Any, Any, list[dict[str, Any]]]:
@@ -88,14 +89,10 @@ class ProcessRowsPool:
         return observations, rewards, done, infos
 
     def available_actions(self, rows: Sequence[int]) -> list[dict[str, Any]]:
-        mine = self._mine(rows)
-        outs = self.local.available_actions([self._local_row(rows[k]) for k in mine]) if mine else []
-        return self._gather(len(rows), dict(zip(mine, outs)))
+        return self._ask(rows, lambda local, _: self.local.available_actions(local))
 
     def instructions(self, rows: Sequence[int]) -> list[str]:
-        mine = self._mine(rows)
-        outs = self.local.instructions([self._local_row(rows[k]) for k in mine]) if mine else []
-        return self._gather(len(rows), dict(zip(mine, outs)))
+        return self._ask(rows, lambda local, _: self.local.instructions(local))
 
     def close(self) -> None:
         self.local.close()
