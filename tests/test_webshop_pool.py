@@ -150,3 +150,14 @@ def test_bridge_imports_neither_esjax_nor_jax():
     assert out.stdout.strip() == "[]"
     for path in (REPO / "envs" / "webshop_bridge").glob("*.py"):
         assert "import esjax" not in path.read_text() and "from esjax" not in path.read_text()
+
+
+def test_process_pool_in_a_script_without_main_guard_says_what_to_fix(tmp_path, python_child):
+    """Spawned workers import the main module again: a script that builds the pool at top level makes every worker
+    try to start workers of its own; the pool says so instead of "connection lost (EOFError)"."""
+    script = tmp_path / "unguarded.py"
+    script.write_text("from envs.webshop_bridge import ProcessEnvPool, ShopSpec\n"
+                      "ProcessEnvPool(ShopSpec(kind='synthetic', num_products=20), 2, workers=1)\n")
+    proc = python_child([str(script)], check=False, timeout=300)
+    assert proc.returncode != 0
+    assert "exited during start-up" in proc.stderr and "if __name__ == '__main__':" in proc.stderr, proc.stderr[-2000:]

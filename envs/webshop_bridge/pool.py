@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import sys
 import threading
 import time
 import traceback
@@ -244,8 +245,13 @@ class ProcessEnvPool:
             conn, proc = self._spawn(w)
             self._conns.append(conn)
             self._procs.append(proc)
-        for conn in self._conns:
-            self._recv(conn)
+        for w, conn in enumerate(self._conns):
+            try:
+                self._recv(conn)
+            except WorkerLost:
+                message = self._startup_failure(w)
+                self.close()
+                raise WorkerLost(message) from None
         self._obs = [""] * n
         self._done = np.zeros(n, dtype=bool)
         # What a replacement worker replays: each session's goal and its actions since that reset.
@@ -258,6 +264,20 @@ class ProcessEnvPool:
         proc.start()
         child.close()
         return parent, proc
+
+    def _startup_failure(self, w: int) -> str:
+        """Why worker ``w`` died before it was ready, in one message that says what to check."""
+        proc = self._procs[w]
+        proc.join(timeout=5)
+        main = sys.modules.get("__main__")
+        script = getattr(main, "__file__", None)
+        hint = ""
+        if self._ctx.get_start_method() != "fork" and script:
+            hint = (f" With the {self._ctx.get_start_method()!r} start method every worker imports the main module "
+                    f"again ({script}); the usual cause: that script builds a ProcessEnvPool (or runs the trainer "
+                    "with env.pool: process) outside `if __name__ == '__main__':`, so each worker tries to start "
+                    "workers of its own and dies. Put that code under the guard.")
+        return f"env worker {w} exited during start-up (exit code {proc.exitcode}).{hint}"
 
     @property
     def pids(self) -> list[int]:
