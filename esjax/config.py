@@ -340,6 +340,8 @@ class EnvSection(_Section):
                                  "processes) or ray (env.workers Ray actors; needs 'esjax[ray]'); the same "
                                  "episodes and metrics either way")
     workers: int = Field(2, ge=1, le=100_000, description="worker processes / Ray actors of env.pool: process | ray")
+    ray_address: str | None = Field(None, description="Ray cluster of env.pool: ray (e.g. 'auto' or "
+                                                      "'ray://head:10001'); null: RAY_ADDRESS, else a local Ray")
 
     @model_validator(mode="after")
     def _check(self) -> EnvSection:

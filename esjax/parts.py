@@ -58,7 +58,8 @@ def build_shop(config: Config):
 def build_pool(config: Config, shop, capacity: int) -> EnvPool:
     """``capacity`` env sessions where ``env.pool`` says: in this process over ``shop``, or in ``env.workers``
     worker processes / Ray actors that each build the shop from :func:`shop_spec` (a Ray cluster's address
-    comes from ``RAY_ADDRESS``; none: Ray starts a local one, unless ``ray.init`` was already called).
+    comes from ``env.ray_address`` or ``RAY_ADDRESS``; none: Ray starts a local one, unless ``ray.init`` was
+    already called).
 
     In a multi-process job each process serves its share of the rows in such a pool and the answers are
     exchanged (:class:`esjax.parallel.envrows.ProcessRowsPool`)."""
@@ -82,7 +83,7 @@ def _local_pool(config: Config, shop, capacity: int) -> EnvPool:
         return ProcessEnvPool(shop_spec(config), capacity, workers=env.workers)
     from esjax.envpool_ray import RayEnvPool
 
-    return RayEnvPool(shop_spec(config), capacity, workers=env.workers)
+    return RayEnvPool(shop_spec(config), capacity, workers=env.workers, address=env.ray_address)
 
 
 def shop_texts(shop, limit: int = 5000):

@@ -130,3 +130,20 @@ def test_real_local_ray_cluster():
         got = _drive(pool, goals)
     assert np.array_equal(np.asarray(got[2]), np.asarray(_reference(goals)[2]))
     assert got == _reference(goals)
+
+
+def test_config_ray_address_reaches_ray_init(monkeypatch):
+    """``env.ray_address`` is the cluster ``ray.init`` joins when Ray is not running yet."""
+    ray = _fake_ray()
+    calls = []
+    ray.is_initialized = lambda: bool(calls)
+    ray.init = lambda **kwargs: calls.append(kwargs)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    from esjax.config import load_config
+    from esjax.parts import build_pool, build_shop
+
+    config = load_config(None, ["env.data=synthetic", "env.num_products=40", "env.pool=ray", "env.workers=1",
+                                "env.ray_address=ray://head:10001"])
+    pool = build_pool(config, build_shop(config), 2)
+    pool.close()
+    assert [c["address"] for c in calls] == ["ray://head:10001"]
