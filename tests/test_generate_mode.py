@@ -261,7 +261,8 @@ def test_invalid_actions_are_noops_and_counted(shop, hf_policy):
 
 # ------------------------------------------------------------------------------------------------ the trainer
 BASE = ["run.progress=false", "run.updates=3", "run.eval_every=2", "run.checkpoint_every=1",
-        "run.keep_checkpoints=100", "es.population=4", "es.rank=1", "es.sigma=0.05", "schedule.slots=3",
+        "run.keep_checkpoints=100", "es.population=4", "es.rank=1", "es.sigma=0.05", "es.learning_rate=0.01",
+        "es.scale=nes", "schedule.slots=3",
         "schedule.max_lag=1", "env.data=webshop_small", "env.tasks_per_member=2", "env.max_steps=3",
         "env.eval_goals=3", "agent.mode=generate", "agent.temperature=1.0", "agent.top_p=0.95", "agent.top_k=50",
         "agent.max_new_tokens=6", "agent.max_prompt_tokens=192", "agent.decode_steps=2"]

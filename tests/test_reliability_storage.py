@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 # members' fitness differs, so θ moves at every update and "θ bit-identical after the fault" compares something
 # (a random model's θ never moves).
 BASE = ["model.source=embedded", "run.updates=3", "run.eval_every=10", "run.checkpoint_every=1", "es.population=4",
-        "es.rank=2", "es.sigma=0.2", "es.learning_rate=0.25", "es.scope=all", "es.include=['norm/scale$']",
+        "es.rank=2", "es.sigma=0.2", "es.learning_rate=0.25", "es.scale=nes", "es.scope=all",
+        "es.include=['norm/scale$']",
         "schedule.slots=4", "env.eval_goals=2", "env.tasks_per_member=2", "env.data=webshop_small", "env.max_steps=10",
         "agent.prompt_style=compact", "agent.temperature=0.5", "run.progress=false"]
 TIMING = {"wall_time", "seconds", "episodes_per_s", "tokens_per_s", "eval_seconds", "update_seconds"}

@@ -24,7 +24,8 @@ WEBSHOP_SMALL = Path(os.environ.get("ESJAX_WEBSHOP_SMALL", REPO.parent / "shared
 
 TINY = ["model.source=random", "run.updates=4", "run.eval_every=2", "run.checkpoint_every=1", "es.population=8",
         "schedule.slots=4", "env.eval_goals=6", "env.tasks_per_member=2", "env.num_products=100",
-        "env.max_steps=6", "run.progress=false", "es.sigma=0.05", "es.learning_rate=0.05"]
+        "env.max_steps=6", "run.progress=false", "es.sigma=0.05", "es.learning_rate=0.05",
+        "es.scale=nes"]  # the es section's default scale before it became the library's (llm)
 
 
 def _params_equal(a, b) -> bool:

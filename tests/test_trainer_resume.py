@@ -42,7 +42,8 @@ TASKS = 2
 BASE = [
     "model.source=embedded", "run.progress=false", f"run.updates={UPDATES}", "run.eval_every=2",
     "run.checkpoint_every=1", "run.keep_checkpoints=100", f"es.population={POPULATION}", "es.rank=2",
-    "es.sigma=0.2", "es.learning_rate=0.25", "es.scope=all", "es.include=['norm/scale$']", "schedule.slots=4",
+    "es.sigma=0.2", "es.learning_rate=0.25", "es.scale=nes", "es.scope=all", "es.include=['norm/scale$']",
+    "schedule.slots=4",
     "env.data=webshop_small", f"env.tasks_per_member={TASKS}", "env.max_steps=10", "env.eval_goals=4",
     "agent.prompt_style=compact", "agent.temperature=0.5",
 ]
