@@ -36,6 +36,37 @@ for _key, _value in _CACHE_SETTINGS.items():
 #: XLA CPU flags that roughly halve compile time of the multi-device scripts (results unchanged there).
 FAST_XLA = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
+#: Test modules that take longest on a 2-core CPU (``--durations=0``, summed per file), longest first. With
+#: ``-n auto --dist loadscope`` every module goes to one worker, and xdist hands out the modules with the most tests
+#: first, so these (one to a dozen tests each, up to a minute) would start last and the suite would end on one busy
+#: worker. They start first instead (longest processing time first); the rest follow in xdist's order. A stale list
+#: only costs time.
+HEAVY_FIRST = ("test_trainer_multiprocess", "test_trainer", "test_generate_mode", "test_trainer_resume",
+               "test_accelerator_benchmark", "test_trainer_envpools", "test_trainer_mesh", "test_reliability_storage",
+               "test_scale_runs", "test_es_update", "test_envpool_failures", "test_default_policy",
+               "test_reliability_env", "test_config", "test_scale_units", "test_trainer_failures", "test_es_evosax",
+               "test_trainer_extend")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "dist", "no") == "loadscope":
+        config.option.loadscopereorder = False  # the order below instead
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules in :data:`HEAVY_FIRST` first, the others by number of tests (xdist's own order); each module's
+    tests stay together and in their order."""
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    modules: dict[str, list[int]] = {}
+    for i, item in enumerate(items):
+        modules.setdefault(item.nodeid.split("::")[0], []).append(i)
+
+    def key(module: str) -> tuple[int, int, int]:
+        name = Path(module).stem
+        return rank.get(name, len(rank)), -len(modules[module]) if name not in rank else 0, modules[module][0]
+
+    items[:] = [items[i] for module in sorted(modules, key=key) for i in modules[module]]
+
 
 def subprocess_env(*, devices: int | None = None, fast: bool = False, xla_flags: str = "",
                    **extra: str) -> dict[str, str]:

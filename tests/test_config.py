@@ -64,23 +64,38 @@ def test_bad_file_errors_name_the_file(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("args", "key"),
+    ("module", "args", "key"),
     [
-        (["--set", "es.population=7"], "es.population"),
-        (["--set", "es.rank=0"], "es.rank"),
-        (["--set", "schedule.max_lag=-2"], "schedule.max_lag"),
-        (["--set", "model.source=hf", "--set", "model.path=/"], "model.path"),
-        (["--set", "nosuch.key=1"], "nosuch"),
-        (["--set", "broken"], "broken"),
+        ("esjax.run", ["--set", "es.population=7"], "es.population"),
+        ("esjax.run", ["--set", "broken"], "broken"),
+        ("esjax.eval", ["--run-dir", "/nonexistent/run"], "/nonexistent/run/config.yaml: not a run directory"),
+        ("esjax.export", ["--run-dir", "/nonexistent/run", "--out", "/nonexistent/hf"],
+         "/nonexistent/run/config.yaml: not a run directory"),
     ],
 )
-def test_cli_exits_with_one_line_and_no_traceback(args, key):
-    proc = subprocess.run([sys.executable, "-m", "esjax.run", *args], capture_output=True, text=True,
+def test_cli_exits_with_one_line_and_no_traceback(module, args, key):
+    """Each entry point as its own process (exit code, nothing else on stderr); more keys: in process below."""
+    proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
                           cwd=REPO, timeout=120)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and key in lines[0] and lines[0].startswith("error: ")
+
+
+@pytest.mark.parametrize(
+    ("args", "key"),
+    [
+        (["--set", "es.rank=0"], "es.rank"),
+        (["--set", "schedule.max_lag=-2"], "schedule.max_lag"),
+        (["--set", "model.source=hf", "--set", "model.path=/"], "model.path"),
+        (["--set", "nosuch.key=1"], "nosuch"),
+    ],
+)
+def test_cli_errors_are_one_line_in_process(args, key, capsys):
+    code, err = _cli(args, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and key in lines[0] and lines[0].startswith("error: "), err
 
 
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))

@@ -12,7 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import scipy.stats
 from evosax.algorithms import Open_ES
 
 from esjax.es import ES, ESConfig, NoiseSpec, Scope, es_gradient, init, member_noise, path_str, shape, update
@@ -45,7 +44,9 @@ def _weights(fitness: np.ndarray, method: str) -> np.ndarray:
     f = fitness[valid].astype(np.float64)
     w = np.zeros(fitness.shape)
     if method == "centered_ranks":
-        w[valid] = (scipy.stats.rankdata(f) - 1) / (f.size - 1) - 0.5
+        from scipy.stats import rankdata  # imported here: collection stays cheap
+
+        w[valid] = (rankdata(f) - 1) / (f.size - 1) - 0.5
     else:
         w[valid] = (f - f.mean()) / (f.std() + 1e-8)
     return w

@@ -15,8 +15,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -296,11 +294,16 @@ def test_resume_in_generate_mode_is_bit_identical(tmp_path):
             assert (run_dir / "traces" / path.name).read_bytes() == path.read_bytes(), (step, path.name)
 
 
-def test_cli_runs_generate_tiny_end_to_end(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "esjax.run", "--config", "configs/generate-tiny.yaml", "--set",
-                           "run.updates=2", "--set", "run.progress=false", "--run-dir", str(tmp_path / "run")],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+def test_cli_runs_generate_tiny_end_to_end(tmp_path, capsys):
+    """``python -m esjax.run --config configs/generate-tiny.yaml``, in this process (the CLI as its own process:
+    tests/test_config.py::test_cli_exits_with_one_line_and_no_traceback)."""
+    from esjax.cli_util import run_cli
+    from esjax.run import main
+
+    with pytest.raises(SystemExit) as info:
+        run_cli(main, ["--config", str(REPO / "configs" / "generate-tiny.yaml"), "--set", "run.updates=2", "--set",
+                       "run.progress=false", "--run-dir", str(tmp_path / "run")])
+    assert info.value.code == 0, capsys.readouterr().err[-2000:]
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["version"] for r in records if r["kind"] == "update"] == [1, 2]
     assert records[-1]["kind"] == "end"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import shutil
 
@@ -9,8 +11,25 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+    pytest.skip("needs torch and transformers (pip install -e '.[test]')", allow_module_level=True)
+
+
+class _Lazy:
+    """torch / transformers, imported when first used: collecting this file (every xdist worker collects every
+    file) does not pay their ~3 s import."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("_"):  # what pytest probes while collecting (__test__, _pytestfixturefunction, ...)
+            raise AttributeError(attr)
+        return getattr(importlib.import_module(self._name), attr)
+
+
+torch = _Lazy("torch")
+transformers = _Lazy("transformers")
 
 from esjax.agent.generation import generate  # noqa: E402
 from esjax.model import hf  # noqa: E402

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from esjax.inflight import Evaluation
-from esjax.stats import eval_intervals, score_interval, t975, wilson_interval
+from esjax.stats import Z975, eval_intervals, score_interval, t975, wilson_interval
 from esjax.traces import SNIPPET_CHARS, TraceRecorder, snippet
 
 INSTRUCTION = "i need a red wool scarf, and price lower than 30.00 dollars"
@@ -78,6 +78,9 @@ def test_trace_line_endings():
 
 
 def test_eval_intervals():
+    from scipy import stats
+
+    assert float(stats.norm.ppf(0.975)) == Z975  # the literal is SciPy's quantile, bit for bit
     assert [round(t975(df), 3) for df in (1, 4, 5, 10, 30, 499)] == [12.706, 2.776, 2.571, 2.228, 2.042, 1.965]
     low, high = score_interval([0.0, 1.0, 0.5, 0.5])  # mean 0.5, sd 0.408: ± 3.182 · 0.204
     assert (low, high) == pytest.approx((50 - 64.97, 50 + 64.97), abs=0.01)

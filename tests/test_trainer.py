@@ -17,6 +17,7 @@ import pytest
 
 from esjax.config import load_config
 from esjax.parts import load_run
+from esjax.rundir import resume_config
 from esjax.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,8 +118,10 @@ def test_sigkill_then_resume_is_bit_identical(reference_run, tmp_path):
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait()
-    resumed = _run_cli("esjax.run", "--resume", str(run_dir))
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    # resumed in this process (its programs are compiled already); the CLI's --resume is
+    # test_corrupt_latest_checkpoint_falls_back's
+    resumed = train(resume_config(run_dir), run_dir=run_dir, resume=True)
+    assert resumed.version == 4 and _params_equal(reference_run.params, resumed.params)
     _, _, params, version = load_run(run_dir)
     assert version == 4
     assert _params_equal(reference_run.params, params)
@@ -146,12 +149,17 @@ def test_corrupt_latest_checkpoint_falls_back(reference_run, tmp_path):
 
 
 def test_eval_and_export_of_a_run(reference_run, tmp_path, capsys):
+    from esjax import eval as eval_cli
+    from esjax import export as export_cli
     from esjax.traces import read_traces
 
+    # both entry points in this process (the run's programs are compiled already); each as its own process:
+    # tests/test_config.py::test_cli_exits_with_one_line_and_no_traceback
     traces = tmp_path / "eval-traces.jsonl"
-    out = _run_cli("esjax.eval", "--run-dir", str(reference_run.run_dir), "--json", "--traces", str(traces))
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    capsys.readouterr()
+    assert eval_cli.main(["--run-dir", str(reference_run.run_dir), "--json", "--traces", str(traces)]) == 0
+    out = capsys.readouterr()
+    result = json.loads(out.out.strip().splitlines()[-1])
     last_eval = [r for r in reference_run.records if r["kind"] == "eval"][-1]
     assert result["goals"] == 6 and result["score"] == pytest.approx(last_eval["score"])
     # per goal: index, reward, success flag; the intervals of the run's record; the run's episodes, traced
@@ -161,18 +169,15 @@ def test_eval_and_export_of_a_run(reference_run, tmp_path, capsys):
     assert result["success"] == [line["success"] for line in run_lines]
     assert result["score_ci_low"] == pytest.approx(last_eval["score_ci_low"])
     assert read_traces(traces) == [{k: v for k, v in line.items() if k != "version"} for line in run_lines]
-    assert f"traces of 6 episodes written to {traces}" in out.stderr
+    assert f"traces of 6 episodes written to {traces}" in out.err
 
     export_dir = tmp_path / "hf"
-    out = _run_cli("esjax.export", "--run-dir", str(reference_run.run_dir), "--out", str(export_dir))
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert export_cli.main(["--run-dir", str(reference_run.run_dir), "--out", str(export_dir)]) == 0
     # the export carries the run's env and agent settings: evaluating it with no flags reproduces the run's
     # final evaluation exactly (same 100-product shop, goals, step cap and prompt style), and says so
     settings = json.loads((export_dir / "esjax.json").read_text())
     assert settings["config"]["env"]["num_products"] == 100 and settings["config"]["env"]["max_steps"] == 6
     assert settings["exported_from"]["run_eval"]["score"] == last_eval["score"]
-    from esjax import eval as eval_cli
-
     capsys.readouterr()
     assert eval_cli.main(["--model", str(export_dir), "--json"]) == 0
     captured = capsys.readouterr()

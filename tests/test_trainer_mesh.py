@@ -4,37 +4,48 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
 import numpy as np
 
 TINY = ["model.source=random", "run.updates=3", "run.eval_every=3", "run.checkpoint_every=3", "es.population=8",
         "schedule.slots=4", "env.eval_goals=4", "env.tasks_per_member=2", "env.num_products=100",
         "env.max_steps=5", "run.progress=false", "es.sigma=0.05", "es.learning_rate=0.05",
         "es.scale=nes"]  # the es section's default scale before it became the library's (llm)
+MESHES = ((2, 4), (8, 1))
 
+# Both meshes in one child process of 8 simulated devices (one interpreter, shop and policy for both runs).
 SCRIPT = """
 import sys, jax, numpy as np
 from esjax.config import load_config
 from esjax.trainer import train
-result = train(load_config(None, sys.argv[3:]), run_dir=sys.argv[1])
-leaves = jax.tree.leaves(result.params)
-if len(jax.devices()) > 1 and result.params["embed"]["embedding"].sharding.mesh.shape["model"] > 1:
-    spec = [str(x.sharding.spec) for x in leaves if x.ndim >= 2]
-    assert any("model" in s for s in spec), spec  # θ stays sharded on the mesh
-np.savez(sys.argv[2], *[np.asarray(x) for x in leaves])
-"""
+assert len(jax.devices()) == 8
+out, base = sys.argv[1], sys.argv[2:]
+for data, model in MESHES:
+    name = f"{out}/mesh{data}x{model}"
+    result = train(load_config(None, [*base, f"mesh.data={data}", f"mesh.model={model}"]), run_dir=name)
+    leaves = jax.tree.leaves(result.params)
+    if model > 1:
+        spec = [str(x.sharding.spec) for x in leaves if x.ndim >= 2]
+        assert any("model" in s for s in spec), spec  # θ stays sharded on the mesh
+    np.savez(name + ".npz", *[np.asarray(x) for x in leaves])
+""".replace("MESHES", repr(MESHES))
 
 
-def _run(python_child, tmp_path: Path, name: str, devices: int, mesh: tuple[int, int]) -> list[np.ndarray]:
-    out = tmp_path / f"{name}.npz"
-    python_child(SCRIPT, tmp_path / name, out, *TINY, f"mesh.data={mesh[0]}", f"mesh.model={mesh[1]}",
-                 devices=devices, timeout=900)
-    data = np.load(out)
+def _leaves(path: Path) -> list[np.ndarray]:
+    data = np.load(path)
     return [data[k] for k in sorted(data.files, key=lambda s: int(s.split("_")[1]))]
 
 
 def test_mesh_runs_match_single_device(tmp_path, python_child):
-    single = _run(python_child, tmp_path, "single", 1, (1, 1))
-    for mesh in ((2, 4), (8, 1)):
-        sharded = _run(python_child, tmp_path, f"mesh{mesh[0]}x{mesh[1]}", 8, mesh)
+    from esjax.config import load_config
+    from esjax.trainer import train
+
+    assert len(jax.devices()) == 1  # this process: the single-device run
+    single = [np.asarray(x) for x in jax.tree.leaves(
+        train(load_config(None, [*TINY, "mesh.data=1", "mesh.model=1"]), run_dir=tmp_path / "single").params)]
+    python_child(SCRIPT, tmp_path, *TINY, devices=8, timeout=900)
+    for data, model in MESHES:
+        sharded = _leaves(tmp_path / f"mesh{data}x{model}.npz")
+        assert len(sharded) == len(single)
         for a, b in zip(single, sharded):
             np.testing.assert_allclose(a, b, atol=1e-5)
