@@ -4,6 +4,7 @@ behaves statistically (gradient direction on a quadratic, low-rank updates accum
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import types
 
@@ -16,6 +17,7 @@ from evosax.algorithms import Open_ES
 
 from esjax.es import ES, ESConfig, NoiseSpec, Scope, es_gradient, init, member_noise, path_str, shape, update
 from esjax.es import step as es_step
+from esjax.es.grouped import leaf_groups
 
 PARAMS = {
     "dense": {"kernel": jnp.linspace(-1.0, 1.0, 30).reshape(6, 5), "bias": jnp.full((5,), 0.5)},
@@ -262,3 +264,80 @@ def test_configs_built_twice_are_equal_and_share_one_compiled_update():
     assert _update_jit._cache_size() == size
     with pytest.raises(ValueError, match="ESConfig.optimizer"):
         ESConfig(optimizer="lion")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One group of leaves at a time (ESConfig.update_chunk_bytes)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_leaf_groups_fill_the_budget_in_order():
+    sizes = [5, 1, 1, 10, 2, 2]
+    assert leaf_groups(sizes, 4) == [[0], [1, 2], [3], [4, 5]]
+    assert leaf_groups(sizes, 0) == [[i] for i in range(6)]
+    assert leaf_groups(sizes, None) == [list(range(6))] and leaf_groups([], None) == []
+    config = ESConfig(update_chunk_bytes=35 * 4)  # f32 bytes of dense/bias + dense/kernel: stack/kernel does not fit
+    assert config.update_groups(PARAMS) == [[0, 1], [2]]  # flatten order: dense/bias, dense/kernel, stack/kernel
+    clip = ESConfig(optimizer=optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1)), update_chunk_bytes=0)
+    assert clip.update_groups(PARAMS) == [[0, 1, 2]]  # not declared per-leaf: stepped on all leaves at once
+    with pytest.raises(ValueError, match="update_chunk_bytes"):
+        ESConfig(update_chunk_bytes=-1)
+
+
+_MOMENTUM = optax.sgd(0.2, momentum=0.9)
+GROUPED = {
+    "full-sgd-f32": ESConfig(noise=NoiseSpec(seed=1, mode="full", scope=Scope("all")), sigma=0.1, learning_rate=0.2),
+    "full-momentum-chunk2": ESConfig(noise=NoiseSpec(seed=1, mode="full", scope=Scope("all")), learning_rate=0.2,
+                                     optimizer=_MOMENTUM, per_leaf_optimizer=True, chunk_size=2),
+    "lowrank-sgd-decays": ESConfig(noise=NoiseSpec(seed=2, mode="lowrank", rank=2, scope=Scope("all")),
+                                   learning_rate=0.2, weight_decay=0.01, anchor_decay=0.5, scale="nes"),
+    "lowrank-sgd-bf16": ESConfig(noise=NoiseSpec(seed=2, mode="lowrank", rank=1), learning_rate=0.2, chunk_size=3),
+    "lowrank-adam": ESConfig(noise=NoiseSpec(seed=2, mode="lowrank", rank=1, scope=Scope("all")), learning_rate=0.2,
+                             optimizer="adam", weight_decay=0.01),
+}
+
+
+@pytest.mark.parametrize("name", list(GROUPED))
+def test_grouped_update_equals_all_leaves_at_once(name):
+    """Every leaf sums the same draws in the same order and the optimizer is per-leaf, so stepping one group of
+    leaves after another gives the all-at-once update bit for bit (two steps, so optimizer state carries over).
+
+    Adam is the exception, to float rounding only: XLA rewrites its bias corrections (``m / (1 - b1^t)``, a
+    division by a scalar shared by the leaves of a program) differently depending on how many leaves share
+    them, a value-changing rewrite (``(a / b) / c -> a / (b·c)`` or a reciprocal) this code cannot pin down.
+    """
+    config = GROUPED[name]
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), PARAMS) if name.endswith("bf16") else PARAMS
+
+    def two_steps(budget):
+        c = dataclasses.replace(config, update_chunk_bytes=budget)
+        state, m1 = update(c, init(c, params, version=3), VERSIONS, INDICES, FITNESS)
+        state, m2 = update(c, state, VERSIONS + 1, INDICES, FITNESS[::-1].copy())
+        return [np.asarray(x) for x in jax.tree.leaves((state, m1, m2))], len(c.update_groups(params))
+
+    whole, groups = two_steps(None)
+    assert groups == 1
+    for budget, want_groups in ((0, 3), (35 * 4, 2)):
+        got, groups = two_steps(budget)
+        assert groups == want_groups
+        for a, b in zip(got, whole):
+            if "adam" in name:
+                np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7)
+            else:
+                assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), (name, budget)
+
+
+def test_a_transformation_not_declared_per_leaf_sees_all_leaves():
+    """clip_by_global_norm needs every leaf: without per_leaf_optimizer it is stepped whole whatever the budget
+    (the same update as update_chunk_bytes=None); declared per-leaf (wrongly) it clips each group on its own."""
+    base = ESConfig(noise=NoiseSpec(seed=1, mode="full", scope=Scope("all")),
+                    optimizer=optax.chain(optax.clip_by_global_norm(0.05), optax.sgd(0.2)))
+    state = init(base, PARAMS, version=3)
+
+    def run(**changes):
+        return _flat(update(dataclasses.replace(base, **changes), state, VERSIONS, INDICES, FITNESS)[0].params)
+
+    whole, safe = run(update_chunk_bytes=None), run(update_chunk_bytes=0)
+    wrong = run(update_chunk_bytes=0, per_leaf_optimizer=True)
+    assert all(np.array_equal(safe[k], whole[k]) for k in whole)
+    assert not all(np.allclose(wrong[k], whole[k]) for k in whole)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from esjax.es.noise import NoiseSpec, batched_pair_noise, path_str
 
 PyTree = Any
+Draws = tuple[jax.Array, jax.Array, jax.Array]  # versions, pairs, coefficients of the merged draws: [n_chunks, chunk]
 
 MAX_LOWRANK_CHUNK = 256
 
@@ -68,7 +69,9 @@ def merge_draws(spec: NoiseSpec, versions: jax.Array, indices: jax.Array, coefs:
 def _chunk_sums(spec: NoiseSpec, scoped: list[tuple[str, tuple[int, ...]]], v, p, c) -> list[jax.Array]:
     """``Σ_c coef_c · draw_c`` for every scoped leaf, with all draws from a few threefry kernels."""
     sums = []
-    for (_, shape), draws in zip(scoped, batched_pair_noise(spec, scoped, v, p)):
+    # Materialized before use: fused into its consumer, threefry's float math would round differently (XLA
+    # contracts a·b + c to an FMA inside a fusion), so a leaf's sum would depend on which leaves share a program.
+    for (_, shape), draws in zip(scoped, jax.lax.optimization_barrier(batched_pair_noise(spec, scoped, v, p))):
         if spec.is_lowrank_leaf(shape):
             a, b = draws
             a = a * c.reshape((-1,) + (1,) * (a.ndim - 1))
@@ -76,6 +79,64 @@ def _chunk_sums(spec: NoiseSpec, scoped: list[tuple[str, tuple[int, ...]]], v, p
         else:
             sums.append(jnp.tensordot(c, draws, axes=1))
     return sums
+
+
+def chunked_draws(spec: NoiseSpec, versions, indices, coefs, chunk: int) -> Draws:
+    """The merged draws (:func:`merge_draws`) padded with zero-coefficient draws and cut into ``[n_chunks, chunk]``.
+
+    Computed once per update and shared by every leaf, so each leaf sums the same draws in the same order
+    whether the leaves are summed together or one group at a time.
+    """
+    n = versions.shape[0]
+    d_v, d_p, d_c = merge_draws(spec, versions, indices, coefs)
+    pad = (-n) % chunk
+    if pad:
+        d_v, d_p = (jnp.concatenate([x, jnp.zeros((pad,), jnp.int32)]) for x in (d_v, d_p))
+        d_c = jnp.concatenate([d_c, jnp.zeros((pad,), jnp.float32)])
+    return tuple(x.reshape(-1, chunk) for x in (d_v, d_p, d_c))
+
+
+def leaf_noise_sums(spec: NoiseSpec, leaves: list[tuple[str, Any]], draws: Draws | None,
+                    after: jax.Array | None = None) -> list[jax.Array]:
+    """``Σ coef · draw`` (float32, the leaf's shape) for in-scope ``(path, leaf)`` pairs over :func:`chunked_draws`.
+
+    Sums start from the parameters (θ·0, NaN-safe) so sharding propagation lays them out like θ instead of
+    replicating them; that start is formed inside the first chunk's ``lax.cond`` (a chunk whose coefficients
+    are all zero is skipped), so no float32 buffer of these leaves exists before the sums begin. ``after``: a
+    scalar that is never negative (the previous group's ``|update|²``, NaN included) and joins that ``cond``'s
+    predicate, so XLA cannot start these sums before it exists: groups of leaves run one after another.
+    """
+    if not leaves or draws is None:
+        return [_start(leaf) for _, leaf in leaves]
+    scoped = [(path, tuple(leaf.shape)) for path, leaf in leaves]
+
+    def add(acc, v, p, c):
+        return [a + d for a, d in zip(acc, _chunk_sums(spec, scoped, v, p, c))]
+
+    def body(acc, x):
+        v, p, c = x
+        return jax.lax.cond(jnp.any(c != 0), lambda a: add(a, v, p, c), lambda a: a, acc), None
+
+    v, p, c = (x[0] for x in draws)
+    go = jnp.any(c != 0) if after is None else jnp.any(c != 0) & ~(after < 0)
+    params = [leaf for _, leaf in leaves]
+    acc = jax.lax.cond(go, lambda ps: add([_start(x) for x in ps], v, p, c), lambda ps: [_start(x) for x in ps],
+                       params)
+    if draws[0].shape[0] > 1:
+        acc = jax.lax.scan(body, acc, tuple(x[1:] for x in draws))[0]
+    return acc
+
+
+def _start(leaf: Any) -> jax.Array:
+    return jnp.nan_to_num(leaf.astype(jnp.float32) * 0.0)
+
+
+def draw_chunk(spec: NoiseSpec, params: PyTree, n: int, chunk_size: int | None = None) -> int:
+    """Draws per chunk for ``n`` members: ``chunk_size`` or :func:`auto_chunk_size` over all in-scope leaves,
+    at most ``n`` (one value for the whole tree, so summing leaves in groups changes no arithmetic)."""
+    leaves, in_scope, _ = scoped_leaves(spec, params)
+    chunk = chunk_size or auto_chunk_size(spec, [tuple(x.shape) for (_, x), s in zip(leaves, in_scope) if s], n)
+    return max(1, min(chunk, n))
 
 
 def weighted_noise_sum(spec: NoiseSpec, params: PyTree, versions, indices, coefs,
@@ -89,36 +150,17 @@ def weighted_noise_sum(spec: NoiseSpec, params: PyTree, versions, indices, coefs
     versions = jnp.asarray(versions, jnp.int32).reshape(-1)
     indices = jnp.asarray(indices, jnp.int32).reshape(-1)
     coefs = jnp.asarray(coefs, jnp.float32).reshape(-1)
-    n = versions.shape[0]
     leaves, in_scope, treedef = scoped_leaves(spec, params)
-    # Accumulators start from the parameters (θ·0, NaN-safe) so sharding propagation lays the gradient out
-    # like θ instead of replicating it.
-    acc0 = [jnp.nan_to_num(leaf.astype(jnp.float32) * 0.0) for (_, leaf), s in zip(leaves, in_scope) if s]
-    scoped = [(path, tuple(leaf.shape)) for (path, leaf), s in zip(leaves, in_scope) if s]
-    if scoped and n:
-        chunk = chunk_size or auto_chunk_size(spec, [shape for _, shape in scoped], n)
-        chunk = max(1, min(chunk, n))
-        d_v, d_p, d_c = merge_draws(spec, versions, indices, coefs)
-        pad = (-n) % chunk
-        if pad:
-            d_v, d_p = (jnp.concatenate([x, jnp.zeros((pad,), jnp.int32)]) for x in (d_v, d_p))
-            d_c = jnp.concatenate([d_c, jnp.zeros((pad,), jnp.float32)])
-        xs = tuple(x.reshape(-1, chunk) for x in (d_v, d_p, d_c))
-
-        def add(acc, v, p, c):
-            return [a + d for a, d in zip(acc, _chunk_sums(spec, scoped, v, p, c))]
-
-        def body(acc, x):
-            v, p, c = x
-            return jax.lax.cond(jnp.any(c != 0), lambda a: add(a, v, p, c), lambda a: a, acc), None
-
-        if xs[0].shape[0] == 1:
-            acc0, _ = body(acc0, tuple(x[0] for x in xs))
-        else:
-            acc0, _ = jax.lax.scan(body, acc0, xs)
-    it = iter(acc0)
-    out = [next(it) if s else jnp.zeros(jnp.shape(leaf), _grad_dtype(leaf)) for (_, leaf), s in zip(leaves, in_scope)]
+    n = versions.shape[0]
+    draws = chunked_draws(spec, versions, indices, coefs, draw_chunk(spec, params, n, chunk_size)) if n else None
+    sums = iter(leaf_noise_sums(spec, [x for x, s in zip(leaves, in_scope) if s], draws))
+    out = [next(sums) if s else zero_gradient(leaf) for (_, leaf), s in zip(leaves, in_scope)]
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def zero_gradient(leaf: Any) -> jax.Array:
+    """The gradient of a leaf outside the scope: zeros (float32 for floating leaves)."""
+    return jnp.zeros(jnp.shape(leaf), _grad_dtype(leaf))
 
 
 def _grad_dtype(leaf: Any):

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
@@ -42,7 +43,8 @@ import numpy as np
 import optax
 
 from esjax.es import shaping as shaping_lib
-from esjax.es.gradient import auto_chunk_size, merge_draws, scoped_leaves, weighted_noise_sum
+from esjax.es.gradient import chunked_draws, draw_chunk, scoped_leaves, weighted_noise_sum
+from esjax.es.grouped import UPDATE_CHUNK_BYTES, grouped_step, leaf_groups
 from esjax.es.noise import NoiseSpec
 from esjax.es.schedules import SigmaSchedule, as_schedule
 
@@ -68,6 +70,14 @@ class ESConfig:
       chunk_size: distinct noise draws generated together; ``None``: :func:`auto_chunk_size` (1 in full
         mode). Peak extra memory is a few × ``chunk_size`` × the largest dense leaf (full) or
         ``chunk_size·(m+n)·r`` per low-rank leaf.
+      update_chunk_bytes: the update forms the gradient and steps the optimizer one group of leaves at a time
+        (consecutive leaves whose float32 gradients fit this many bytes; a larger leaf is a group alone), so
+        at most one group's float32 gradient is alive (:func:`leaf_groups`); ``None``: all leaves at once.
+        The result is bit-identical either way for SGD, momentum and the decays (Adam: to float rounding).
+      per_leaf_optimizer: a custom ``optimizer`` acts on every leaf on its own (optax's sgd, momentum, adam,
+        decays, …), so it may be stepped group by group. Leave it False for a transformation that needs all
+        leaves (``clip_by_global_norm``, ``apply_if_finite``): the update then steps it on all leaves at once.
+        The named optimizers are per-leaf.
     """
 
     noise: NoiseSpec = NoiseSpec()
@@ -79,6 +89,8 @@ class ESConfig:
     weight_decay: float = 0.0
     anchor_decay: float = 0.0
     chunk_size: int | None = None
+    update_chunk_bytes: int | None = UPDATE_CHUNK_BYTES
+    per_leaf_optimizer: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.noise, NoiseSpec):
@@ -95,6 +107,8 @@ class ESConfig:
                              f"{self.weight_decay} and {self.anchor_decay}")
         if self.chunk_size is not None and self.chunk_size < 1:
             raise ValueError(f"ESConfig.chunk_size must be >= 1 or None, got {self.chunk_size}")
+        if self.update_chunk_bytes is not None and self.update_chunk_bytes < 0:
+            raise ValueError(f"ESConfig.update_chunk_bytes must be >= 0 or None, got {self.update_chunk_bytes}")
 
     def sigma_at(self, version) -> jax.Array:
         """σ of members dispatched at ``version`` (array or scalar, traced or concrete)."""
@@ -118,10 +132,13 @@ class ESConfig:
 
     def get_chunk_size(self, params: PyTree, n: int) -> int:
         """Draws per chunk for a cohort of ``n`` members on ``params`` (explicit or automatic)."""
-        if self.chunk_size is not None:
-            return max(1, min(self.chunk_size, n))
-        leaves, in_scope, _ = scoped_leaves(self.noise, params)
-        return auto_chunk_size(self.noise, [tuple(x.shape) for (_, x), s in zip(leaves, in_scope) if s], n)
+        return draw_chunk(self.noise, params, n, self.chunk_size)
+
+    def update_groups(self, params: PyTree) -> list[list[int]]:
+        """The groups of leaf indices (flatten order) the update steps one after another."""
+        shapes = [np.shape(x) for x in jax.tree_util.tree_leaves(params)]
+        per_leaf = isinstance(self.optimizer, str) or self.per_leaf_optimizer
+        return leaf_groups([4 * math.prod(s) for s in shapes], self.update_chunk_bytes if per_leaf else None)
 
 
 class ESState(NamedTuple):
@@ -235,13 +252,10 @@ def _update(config: ESConfig, state: ESState, versions, indices, fitness,
         weights = jnp.where(valid, jnp.asarray(weights, jnp.float32), 0.0)
     n_valid = jnp.sum(valid.astype(jnp.int32))
     coefs = member_coefficients(config, versions, weights, valid)
-    grad = weighted_noise_sum(config.noise, state.params, versions, indices, coefs, config.chunk_size)
+    n = versions.shape[0]
+    draws = chunked_draws(config.noise, versions, indices, coefs, config.get_chunk_size(state.params, n))
+    params, opt_state, grad_sq, update_sq = grouped_step(config, state, draws)
 
-    descent = jax.tree_util.tree_map(jnp.negative, grad)  # the decays are transforms of the optimizer chain
-    updates, opt_state = config.get_optimizer().update(descent, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-
-    _, _, draw_coefs = merge_draws(config.noise, versions, indices, coefs)
     finite = jnp.where(valid, fitness, 0.0)
     nv = jnp.maximum(n_valid, 1).astype(jnp.float32)
     mean = jnp.sum(finite) / nv
@@ -251,10 +265,10 @@ def _update(config: ESConfig, state: ESState, versions, indices, fitness,
         "version": state.version + 1,
         "n_valid": n_valid,
         "n_dropped": fitness.shape[0] - n_valid,
-        "noise_draws": jnp.sum(draw_coefs != 0),
+        "noise_draws": jnp.sum(draws[2] != 0),
         "sigma": config.sigma_at(state.version),
-        "grad_norm": optax.tree.norm(grad),
-        "update_norm": optax.tree.norm(updates),
+        "grad_norm": jnp.sqrt(grad_sq),
+        "update_norm": jnp.sqrt(update_sq),
         "fitness_mean": jnp.where(n_valid > 0, mean, nan),
         "fitness_std": jnp.where(n_valid > 0, jnp.sqrt(jnp.sum(jnp.where(valid, (finite - mean) ** 2, 0.0)) / nv), nan),
         "fitness_max": jnp.where(n_valid > 0, jnp.max(jnp.where(valid, fitness, -jnp.inf)), nan),

@@ -15,7 +15,24 @@ What is counted, per device:
   do not split over ``data`` would be replicated by the sharding rules);
 * rollout extras: low-rank factors per member, or, in full mode, one materialized θ per member in the batch;
   prefill activations of one layer (attention scores are materialized: ``rows × heads × prefill × context``);
-* update extras: the new θ, the f32 gradient accumulator plus one f32 temporary, one chunk of noise draws.
+* update extras: the new θ (and new optimizer state, when there is one), and the scratch of one group of leaves.
+
+The update (:func:`esjax.es.step.update`) forms the gradient and steps the optimizer one group of leaves at a
+time: consecutive leaves (flatten order) whose float32 gradients fit ``ESConfig.update_chunk_bytes``
+(256 MiB by default; a larger leaf is a group alone), each group after the previous one is done. Its scratch
+is planned as the largest over the groups ``g`` of ::
+
+    2 · G_g + noise_g          G_g = Σ_{leaves in g} per-device float32 bytes of the leaf
+    noise_g = 12 · chunk · D_g     (low-rank: a chunk of draws, their threefry bits and A·c, 4 bytes each)
+    noise_g = 3 · chunk · G_g                                    (full: a chunk of dense draws, and their bits)
+
+(``2 · G_g``: the float32 accumulator and the chunk's sum added to it; ``chunk``: the update's draws per chunk,
+:func:`esjax.es.gradient.auto_chunk_size`; ``D_g``: one member's draw elements for the perturbed leaves of
+``g`` (``Scope('matrices')``: every leaf of ≥ 2 axes), factors ``lead·(m + n)·r`` of each, the draws of at most
+8,192 elements padded to the largest of them, as :func:`esjax.es.noise.batched_pair_noise` draws them).
+Before, the update held ``2 · Σ_g G_g``: the float32 gradient of every leaf at once. ``tests/test_scale_plan.py``
+checks the formula against XLA's memory analysis of the compiled update of a small Qwen2-shaped model and
+``benchmarks/update_memory.py`` measures a 72.6M-parameter one (BENCHMARKS.md, "ES update").
 """
 
 from __future__ import annotations
@@ -28,7 +45,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from esjax.agent.scoring import LOGITS_CHUNK_BYTES  # the cap on float32 logits materialized at once
-from esjax.es.noise import path_str
+from esjax.es.gradient import auto_chunk_size
+from esjax.es.grouped import UPDATE_CHUNK_BYTES, leaf_groups
+from esjax.es.noise import SMALL_DRAW, NoiseSpec, Scope, path_str
 from esjax.model.config import ModelConfig
 from esjax.model.decoder import init_cache
 from esjax.model.params import is_matrix_path, param_logical_axes, param_shapes
@@ -36,8 +55,6 @@ from esjax.model.sharding import CACHE_AXES, DATA, MODEL, logical_to_spec
 
 GiB = 1 << 30
 Optimizer = Literal["sgd", "momentum", "adam"]
-FULL_CHUNK = 4  # dense draws alive at once in full mode (esjax.es.step generates 1 per chunk by default; 4: headroom)
-LOWRANK_CHUNK = 256  # esjax.es.gradient.MAX_LOWRANK_CHUNK
 
 
 def parse_bytes(text: str | int | float) -> int:
@@ -184,7 +201,8 @@ def plan_memory(config: ModelConfig, *, data: int = 1, model: int = 1, populatio
                 batch: int | None = None, context: int = 2048, prefill: int | None = None,
                 dtype: str = "bfloat16", device_memory: int | str = "80GB", mode: str = "lowrank", rank: int = 1,
                 optimizer: Optimizer = "sgd", anchor: bool = False, episodes_per_member: int = 1,
-                headroom: float = 0.9, label: str = "model") -> MemoryPlan:
+                headroom: float = 0.9, label: str = "model",
+                update_chunk_bytes: int | None = UPDATE_CHUNK_BYTES) -> MemoryPlan:
     """The per-device memory plan (see the module docstring for what each line counts).
 
     Args:
@@ -193,6 +211,7 @@ def plan_memory(config: ModelConfig, *, data: int = 1, model: int = 1, populatio
       prefill: tokens per prefill call (prompt chunk); default ``min(context, 512)``.
       episodes_per_member: rows sharing one member (full mode materializes θ once per member, not per row).
       headroom: fraction of device memory the plan may use (XLA workspace, fragmentation).
+      update_chunk_bytes: the update's ``ESConfig.update_chunk_bytes`` (``None``: all leaves at once).
     """
     if mode not in ("lowrank", "full"):
         raise ValueError(f"mode must be 'lowrank' or 'full', got {mode!r}")
@@ -230,15 +249,9 @@ def plan_memory(config: ModelConfig, *, data: int = 1, model: int = 1, populatio
     members = -(-rows // episodes_per_member)
     members_dev = -(-members // data)
 
-    matrices = [(s.shape, ax) for p, s, ax, _ in params if is_matrix_path(p)]
-    factor_elems = 0
-    largest = 0
-    for shape, ax in matrices:
-        *lead, m, n = shard_shape(tuple(shape), ax, mesh)
-        factor_elems += int(np.prod(lead or [1])) * (m + n) * rank
-    for _, s, ax, _ in params:
-        largest = max(largest, shard_bytes(s.shape, jnp.float32, ax, mesh))
-    n_chunk = min(LOWRANK_CHUNK, population)
+    factor_elems = sum(_factor_elems(s.shape, ax, mesh, rank) for p, s, ax, _ in params if is_matrix_path(p))
+    group = update_group_scratch(params, mesh, mode=mode, rank=rank, population=population,
+                                 update_chunk_bytes=update_chunk_bytes)
 
     lines = [
         Line("θ_t", theta),
@@ -256,17 +269,66 @@ def plan_memory(config: ModelConfig, *, data: int = 1, model: int = 1, populatio
     lines.append(Line(f"prefill activations ({prefill} tokens, one layer)", scores + layer_acts + logits,
                       update=False, estimate=True, note=f"attention scores {scores / GiB:.2f} GiB"))
     lines.append(Line("new θ_t+1 (update output)", theta, rollout=False))
-    lines.append(Line("gradient accumulator + step temporary (f32)", 2 * theta32, rollout=False, estimate=True))
-    # full: a chunk of dense draws of the largest leaf, plus their threefry bits (calibrated on XLA:CPU's
-    # memory analysis of the compiled update, Qwen2.5-0.5B); low-rank: a chunk of factors of every matrix
-    noise = (2 * FULL_CHUNK * largest) if mode == "full" else n_chunk * factor_elems * 4
-    lines.append(Line("noise chunk", noise, rollout=False, estimate=True))
+    if opt:
+        lines.append(Line(f"new optimizer state ({optimizer}, update output)", opt, rollout=False))
+    lines.append(Line(f"f32 gradient of one leaf group + its temporary ({group['leaves']} leaves)",
+                      2 * group["gradient"], rollout=False, estimate=True,
+                      note=f"all leaves at once: {2 * theta32 / GiB:.2f} GiB"))
+    lines.append(Line("noise chunk of that group", group["noise"], rollout=False, estimate=True))
 
     settings = dict(data=data, model=model, population=population, max_lag=max_lag, batch=batch, rows=rows,
                     rows_per_device=rows_dev, context=context, prefill=prefill, dtype=dtype, mode=mode, rank=rank,
                     optimizer=optimizer, anchor=anchor, param_count=count,
                     param_bytes_total=sum(int(np.prod(s.shape)) * bsz for _, s, _, _ in params))
     return MemoryPlan(label, settings, lines, parse_bytes(device_memory), headroom)
+
+
+def _factor_elems(shape: tuple[int, ...], axes: tuple, mesh_shape: dict[str, int], rank: int) -> int:
+    """Per-device elements of one draw's low-rank factors ``A [*lead, m, r]``, ``B [*lead, n, r]`` of a matrix."""
+    *lead, m, n = shard_shape(tuple(shape), axes, mesh_shape)
+    return int(np.prod(lead or [1])) * (m + n) * rank
+
+
+def _draw_elems(spec: NoiseSpec, leaves: list[tuple[tuple[int, ...], tuple]], mesh_shape: dict[str, int]) -> int:
+    """Per-device elements one member's draws take in :func:`esjax.es.noise.batched_pair_noise` for these
+    ``(shape, axes)`` leaves: draws of at most ``SMALL_DRAW`` elements are padded to the largest of them."""
+    small, large = [], 0
+    for shape, axes in leaves:
+        if spec.is_lowrank_leaf(shape):
+            *lead, m, n = shape
+            sizes = [int(np.prod(lead or [1])) * m * spec.rank, int(np.prod(lead or [1])) * n * spec.rank]
+            local = _factor_elems(shape, axes, mesh_shape, spec.rank)
+        else:
+            sizes = [int(np.prod(shape))]
+            local = int(np.prod(shard_shape(tuple(shape), axes, mesh_shape)))
+        if max(sizes) <= SMALL_DRAW:
+            small += sizes
+        else:
+            large += local
+    return large + len(small) * max(small, default=0)
+
+
+def update_group_scratch(params: list[tuple[str, Any, tuple, int]], mesh_shape: dict[str, int], *, mode: str,
+                         rank: int, population: int,
+                         update_chunk_bytes: int | None = UPDATE_CHUNK_BYTES) -> dict[str, int]:
+    """The update's scratch for its worst group of leaves (module docstring): ``{'gradient': G_g, 'noise':
+    noise_g, 'leaves': count}``, per device. Groups are the update's own (:func:`esjax.es.grouped.leaf_groups`
+    on global float32 sizes); the perturbed leaves are ``Scope('matrices')``'s (every leaf of ≥ 2 axes)."""
+    spec = NoiseSpec(mode=mode, rank=rank, scope=Scope("matrices"))
+    scoped = [spec.scope.contains(p, s) for p, s, *_ in params]
+    chunk = max(1, min(auto_chunk_size(spec, [tuple(s.shape) for (_, s, *_), x in zip(params, scoped) if x],
+                                       population), population))
+    best = {"gradient": 0, "noise": 0, "leaves": 0}
+    for group in leaf_groups([4 * int(np.prod(s.shape)) for _, s, *_ in params], update_chunk_bytes):
+        grad = sum(shard_bytes(params[i][1].shape, jnp.float32, params[i][2], mesh_shape) for i in group)
+        if mode == "full":
+            noise = 3 * chunk * grad
+        else:
+            noise = 12 * chunk * _draw_elems(spec, [(tuple(params[i][1].shape), params[i][2]) for i in group
+                                                   if scoped[i]], mesh_shape)
+        if 2 * grad + noise > 2 * best["gradient"] + best["noise"]:
+            best = {"gradient": grad, "noise": noise, "leaves": len(group)}
+    return best
 
 
 def _nested(params: list[tuple[str, Any, tuple, int]]) -> dict[str, Any]:
