@@ -11,13 +11,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from esjax.es.noise import NoiseSpec, Scope, lowrank_factors, member_noise, path_str, perturbed_params
+from esjax.es.noise import (
+    NoiseSpec,
+    Scope,
+    is_matrix,
+    lowrank_factors,
+    member_noise,
+    pair_noise,
+    path_str,
+    perturbed_params,
+)
 from esjax.model.decoder import forward_jit, init_cache
 from esjax.model.params import (
     check_params,
     init_params,
-    is_matrix_path,
-    matrices_scope,
     param_logical_axes,
     param_shapes,
 )
@@ -104,7 +111,7 @@ def test_batched_draws_are_bit_identical_to_es_noise(model):
         ref = {}
         for kp, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
             path = path_str(kp)
-            if is_matrix_path(path):
+            if is_matrix(path, leaf.shape):
                 ref[path] = lowrank_factors(LOWRANK, path, leaf.shape, versions, indices, active)
             else:
                 eps = jax.vmap(lambda v, i, path=path, leaf=leaf: member_noise(LOWRANK, path, leaf.shape, v, i))(
@@ -177,14 +184,20 @@ def test_bfloat16_lowrank_forward_close_to_float32(model):
     assert np.abs(np.asarray(bf16) - np.asarray(f32)).max() < 0.05 * np.abs(np.asarray(f32)).max()
 
 
-def test_matrices_scope_leaves_norms_and_biases_alone():
+def test_matrices_are_kernels_and_the_embedding_and_stacked_vectors_get_noise_per_layer():
+    """One definition of a matrix (``is_matrix``): a layer-stacked norm scale or bias ``[L, d]`` is a vector
+    per layer, so ``Scope('matrices')`` leaves it alone and low-rank mode draws it dense (independent layers)."""
     config = tiny_config()
-    scope = matrices_scope()
-    dummy2d = jnp.zeros((2, 3))
-    assert scope.contains("layers/attn/q_proj/kernel", dummy2d) and scope.contains("embed/embedding", dummy2d)
-    assert not scope.contains("layers/input_norm/scale", dummy2d)
-    assert not scope.contains("layers/attn/q_proj/bias", dummy2d)
-    assert config.qkv_bias
+    params = init_params(config, jax.random.key(0))
+    flat = {path_str(kp): x for kp, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+    matrices = {p for p, x in flat.items() if Scope("matrices").contains(p, x)}
+    assert matrices == {p for p in flat if p.endswith("/kernel") or p == "embed/embedding"}
+    assert config.qkv_bias and flat["layers/attn/q_proj/bias"].ndim == 2 and flat["layers/input_norm/scale"].ndim == 2
+    spec = NoiseSpec(seed=0, mode="lowrank", rank=2)
+    assert spec.is_lowrank_leaf("w", (3, 4)) and not spec.is_lowrank_leaf("layers/input_norm/scale", (2, 8))
+    draw = pair_noise(spec, "layers/input_norm/scale", (2, 8), 0, 0)  # one dense draw, a row per layer
+    assert draw.shape == (2, 8)
+    assert np.linalg.matrix_rank(np.asarray(pair_noise(spec, "layers/x/scale", (8, 8), 0, 0))) == 8  # not rank 2
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -24,14 +24,14 @@ Draws = tuple[jax.Array, jax.Array, jax.Array]  # versions, pairs, coefficients 
 MAX_LOWRANK_CHUNK = 256
 
 
-def auto_chunk_size(spec: NoiseSpec, shapes: list[tuple[int, ...]], n: int) -> int:
+def auto_chunk_size(spec: NoiseSpec, leaves: list[tuple[str, tuple[int, ...]]], n: int) -> int:
     """Default number of draws generated together.
 
     Full mode: 1 (each dense draw is as large as its leaf). Low-rank mode: as many as fit in the size of the
     largest low-rank leaf, ``max(m·n) / max((m + n)·r)`` per layer, clamped to ``[1, 256]``, so the chunk's
     factors never outweigh the parameters.
     """
-    lowrank = [s for s in shapes if spec.is_lowrank_leaf(s)]
+    lowrank = [s for path, s in leaves if spec.is_lowrank_leaf(path, s)]
     if not lowrank:
         return 1
     leaf = max(math.prod(s) for s in lowrank)
@@ -71,8 +71,8 @@ def _chunk_sums(spec: NoiseSpec, scoped: list[tuple[str, tuple[int, ...]]], v, p
     sums = []
     # Materialized before use: fused into its consumer, threefry's float math would round differently (XLA
     # contracts a·b + c to an FMA inside a fusion), so a leaf's sum would depend on which leaves share a program.
-    for (_, shape), draws in zip(scoped, jax.lax.optimization_barrier(batched_pair_noise(spec, scoped, v, p))):
-        if spec.is_lowrank_leaf(shape):
+    for (path, shape), draws in zip(scoped, jax.lax.optimization_barrier(batched_pair_noise(spec, scoped, v, p))):
+        if spec.is_lowrank_leaf(path, shape):
             a, b = draws
             a = a * c.reshape((-1,) + (1,) * (a.ndim - 1))
             sums.append(jnp.einsum("c...mr,c...nr->...mn", a, b) / math.sqrt(spec.rank))
@@ -135,7 +135,7 @@ def draw_chunk(spec: NoiseSpec, params: PyTree, n: int, chunk_size: int | None =
     """Draws per chunk for ``n`` members: ``chunk_size`` or :func:`auto_chunk_size` over all in-scope leaves,
     at most ``n`` (one value for the whole tree, so summing leaves in groups changes no arithmetic)."""
     leaves, in_scope, _ = scoped_leaves(spec, params)
-    chunk = chunk_size or auto_chunk_size(spec, [tuple(x.shape) for (_, x), s in zip(leaves, in_scope) if s], n)
+    chunk = chunk_size or auto_chunk_size(spec, [(p, tuple(x.shape)) for (p, x), s in zip(leaves, in_scope) if s], n)
     return max(1, min(chunk, n))
 
 

@@ -64,6 +64,23 @@ def leaf_paths(params: PyTree) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Which leaves are matrices
+# ---------------------------------------------------------------------------------------------------------
+
+#: Leaves under a ``layers`` key are stacks of one slice per decoder layer on their first axis (the decoder
+#: scans over it, and so do Flax's scanned modules): their noise is drawn independently per layer.
+STACKED = re.compile(r"(^|/)layers/")
+
+
+def is_matrix(path: str, shape: Sequence[int]) -> bool:
+    """Whether a leaf is a matrix, or a stack of matrices: the one definition of what low-rank noise factors
+    and ``Scope('matrices')`` holds. A leaf's leading stack axis (:data:`STACKED`) does not count, so a
+    layer-stacked norm scale or bias ``[L, d]`` is a vector per layer (independent dense noise per layer),
+    not an ``L × d`` matrix whose low-rank noise would tie the layers together."""
+    return len(shape) - (1 if STACKED.search(path) else 0) >= 2
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Scope: which leaves are perturbed
 # ---------------------------------------------------------------------------------------------------------
 
@@ -72,7 +89,7 @@ def leaf_paths(params: PyTree) -> list[str]:
 class Scope:
     """Which parameter leaves receive noise.
 
-    ``kind='matrices'`` perturbs leaves with at least two axes (kernels, embeddings, layer-stacked kernels);
+    ``kind='matrices'`` perturbs the matrices (:func:`is_matrix`: kernels, embeddings, layer-stacked kernels);
     ``kind='all'`` perturbs every floating-point leaf. ``include`` / ``exclude`` are regular expressions
     searched in the leaf path (``re.search``); a leaf must match some ``include`` pattern (when given) and no
     ``exclude`` pattern.
@@ -96,7 +113,7 @@ class Scope:
         dtype = getattr(leaf, "dtype", None)
         if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
             return False
-        if self.kind == "matrices" and len(shape) < 2:
+        if self.kind == "matrices" and not is_matrix(path, shape):
             return False
         if self.include and not any(re.search(p, path) for p in self.include):
             return False
@@ -147,8 +164,9 @@ class NoiseSpec:
             return index, jnp.ones((), jnp.float32) * jnp.ones_like(index, jnp.float32)
         return index // 2, jnp.where(index % 2 == 0, 1.0, -1.0).astype(jnp.float32)
 
-    def is_lowrank_leaf(self, shape: Sequence[int]) -> bool:
-        return self.mode == "lowrank" and len(shape) >= 2
+    def is_lowrank_leaf(self, path: str, shape: Sequence[int]) -> bool:
+        """Whether the leaf's noise is low-rank factors (a matrix in low-rank mode) rather than dense."""
+        return self.mode == "lowrank" and is_matrix(path, shape)
 
     # -- keys ------------------------------------------------------------------------------------------
     def leaf_key(self, path: str) -> jax.Array:
@@ -174,11 +192,11 @@ def _lowrank_factor_shapes(shape: Sequence[int], rank: int) -> tuple[tuple[int, 
 def pair_noise(spec: NoiseSpec, path: str, shape: Sequence[int], version, pair, dtype=jnp.float32):
     """Unsigned noise of one (version, pair) for one leaf.
 
-    Full mode (or a leaf with < 2 axes): an array of ``shape``. Low-rank mode: the factors ``(A, B)`` with
-    shapes ``(*lead, m, r)`` and ``(*lead, n, r)``.
+    Full mode (or a leaf that is not a matrix, :func:`is_matrix`): an array of ``shape``. Low-rank mode: the
+    factors ``(A, B)`` with shapes ``(*lead, m, r)`` and ``(*lead, n, r)``.
     """
     key = spec.draw_key(path, version, pair)
-    if spec.is_lowrank_leaf(shape):
+    if spec.is_lowrank_leaf(path, shape):
         a_shape, b_shape = _lowrank_factor_shapes(shape, spec.rank)
         key_a, key_b = jax.random.split(key)
         return (jax.random.normal(key_a, a_shape, dtype), jax.random.normal(key_b, b_shape, dtype))
@@ -219,8 +237,8 @@ def batched_pair_noise(spec: NoiseSpec, leaves: Sequence[tuple[str, Sequence[int
     draw_keys = jax.vmap(member_keys)(leaf_keys)  # [P, G]
     split_keys = None
     requests = []  # (leaf, part, shape)
-    for j, (_, shape) in enumerate(leaves):
-        if spec.is_lowrank_leaf(shape):
+    for j, (path, shape) in enumerate(leaves):
+        if spec.is_lowrank_leaf(path, shape):
             a_shape, b_shape = _lowrank_factor_shapes(shape, spec.rank)
             requests += [(j, 0, a_shape), (j, 1, b_shape)]
         else:
@@ -242,8 +260,8 @@ def batched_pair_noise(spec: NoiseSpec, leaves: Sequence[tuple[str, Sequence[int
             out[q] = draws[i, :, : math.prod(shape)].reshape(draws.shape[1], *shape)
     per_leaf: list[Any] = []
     q = 0
-    for _, shape in leaves:
-        if spec.is_lowrank_leaf(shape):
+    for path, shape in leaves:
+        if spec.is_lowrank_leaf(path, shape):
             per_leaf.append((out[q], out[q + 1]))
             q += 2
         else:
@@ -262,7 +280,7 @@ def member_noise(spec: NoiseSpec, path: str, shape: Sequence[int], version, inde
     """Signed, dense noise ``s_i * eps_i`` of member ``(version, index)`` for one leaf (leaf shape)."""
     pair, sign = spec.pair_and_sign(index)
     draw = pair_noise(spec, path, shape, version, pair, jnp.float32)
-    eps = lowrank_product(*draw) if spec.is_lowrank_leaf(shape) else draw
+    eps = lowrank_product(*draw) if spec.is_lowrank_leaf(path, shape) else draw
     return (sign * eps).astype(dtype)
 
 
@@ -318,12 +336,12 @@ def lowrank_factors(spec: NoiseSpec, path: str, shape: Sequence[int], versions, 
 def lowrank_factor_tree(spec: NoiseSpec, params: PyTree, versions, indices, active=None, dtype=jnp.float32):
     """Per-leaf ``(A, B)`` factors (or ``None`` for unperturbed leaves) for a batch of members.
 
-    Leaves in scope with < 2 axes get ``None`` here too: low-rank population forwards perturb matrices
-    only; full-mode runs perturb every in-scope leaf through :func:`perturbed_params`.
+    Leaves in scope that are not matrices (:func:`is_matrix`) get ``None`` here too: low-rank population
+    forwards factor matrices only; full-mode runs perturb every in-scope leaf through :func:`perturbed_params`.
     """
 
     def factors(path: str, leaf: jax.Array):
-        if len(leaf.shape) < 2:
+        if not is_matrix(path, leaf.shape):
             return None
         return lowrank_factors(spec, path, leaf.shape, versions, indices, active, dtype)
 

@@ -38,15 +38,6 @@ from esjax.model.config import ModelConfig
 
 Params = dict[str, Any]
 
-#: Leaves used as matmul kernels or the embedding table: these get low-rank factors in low-rank mode.
-MATRIX_SUFFIXES = ("/kernel", "embed/embedding")
-
-
-def is_matrix_path(path: str) -> bool:
-    """True for kernels and the embedding (the leaves a low-rank perturbation treats as matrices)."""
-    return path.endswith(MATRIX_SUFFIXES)
-
-
 def _spec(config: ModelConfig) -> dict[str, Any]:
     """Nested dict of (shape, logical axes) leaves, in the documented layout."""
     L, d, inter = config.num_layers, config.hidden_size, config.intermediate_size
@@ -138,12 +129,3 @@ def check_params(config: ModelConfig, params: Params) -> None:
         raise ValueError(f"params: unexpected leaves {extra}")
 
 
-def matrices_scope():
-    """A noise ``Scope`` that perturbs exactly the kernels and the embedding.
-
-    ``Scope(kind='matrices')`` counts leaves with >= 2 axes, which here also includes the layer-stacked
-    norm scales and biases (``[L, d]``); use this scope to leave those unperturbed.
-    """
-    from esjax.es.noise import Scope
-
-    return Scope(kind="matrices", include=(r"/kernel$", r"^embed/embedding$"))

@@ -23,8 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from esjax.es.noise import NoiseSpec, batched_pair_noise, lowrank_product, path_str
-from esjax.model.params import is_matrix_path
+from esjax.es.noise import NoiseSpec, batched_pair_noise, path_str
 
 
 class LowRank(NamedTuple):
@@ -150,15 +149,11 @@ def prepare(perturbation: Perturbation | Prepared | None, params: Any) -> Prepar
         if not spec.scope.contains(path, leaf):
             out.append(None)
             continue
-        if spec.is_lowrank_leaf(leaf.shape):
+        if spec.is_lowrank_leaf(path, leaf.shape):  # kernels and the embedding: factors, applied in the matmul
             a, b = draws[path]
-            if spec.mode == "lowrank" and is_matrix_path(path):
-                signed = per_group(a, signs * active.astype(jnp.float32))
-                out.append(LowRank(signed, b))
-                continue
-            eps = lowrank_product(a, b)
-        else:
-            eps = draws[path]
+            out.append(LowRank(per_group(a, signs * active.astype(jnp.float32)), b))
+            continue
+        eps = draws[path]
         delta = per_group(eps, scale)  # [G, *shape] = sigma * s_i * eps_i
         if spec.mode == "full":
             out.append((leaf[None].astype(jnp.float32) + delta).astype(leaf.dtype))

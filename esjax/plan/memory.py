@@ -28,9 +28,11 @@ is planned as the largest over the groups ``g`` of ::
 
 (``2 · G_g``: the float32 accumulator and the chunk's sum added to it; ``chunk``: the update's draws per chunk,
 :func:`esjax.es.gradient.auto_chunk_size`; ``D_g``: one member's draw elements for the perturbed leaves of
-``g`` (``Scope('matrices')``: every leaf of ≥ 2 axes), factors ``lead·(m + n)·r`` of each, the draws of at most
-8,192 elements padded to the largest of them, as :func:`esjax.es.noise.batched_pair_noise` draws them).
-Before, the update held ``2 · Σ_g G_g``: the float32 gradient of every leaf at once. ``tests/test_scale_plan.py``
+``g`` (``Scope('matrices')``: the matrices, :func:`esjax.es.noise.is_matrix`), factors ``lead·(m + n)·r``
+of each, the draws of at most 8,192 elements padded to the largest of them, as
+:func:`esjax.es.noise.batched_pair_noise` draws them).
+Before, the update held ``2 · Σ_g G_g``: the float32 gradient of every leaf at once.
+``tests/test_scale_plan.py``
 checks the formula against XLA's memory analysis of the compiled update of a small Qwen2-shaped model and
 ``benchmarks/update_memory.py`` measures a 72.6M-parameter one (BENCHMARKS.md, "ES update").
 """
@@ -47,10 +49,10 @@ import numpy as np
 from esjax.agent.scoring import LOGITS_CHUNK_BYTES  # the cap on float32 logits materialized at once
 from esjax.es.gradient import auto_chunk_size
 from esjax.es.grouped import UPDATE_CHUNK_BYTES, leaf_groups
-from esjax.es.noise import SMALL_DRAW, NoiseSpec, Scope, path_str
+from esjax.es.noise import SMALL_DRAW, NoiseSpec, Scope, is_matrix, path_str
 from esjax.model.config import ModelConfig
 from esjax.model.decoder import init_cache
-from esjax.model.params import is_matrix_path, param_logical_axes, param_shapes
+from esjax.model.params import param_logical_axes, param_shapes
 from esjax.model.sharding import CACHE_AXES, DATA, MODEL, logical_to_spec
 
 GiB = 1 << 30
@@ -249,7 +251,7 @@ def plan_memory(config: ModelConfig, *, data: int = 1, model: int = 1, populatio
     members = -(-rows // episodes_per_member)
     members_dev = -(-members // data)
 
-    factor_elems = sum(_factor_elems(s.shape, ax, mesh, rank) for p, s, ax, _ in params if is_matrix_path(p))
+    factor_elems = sum(_factor_elems(s.shape, ax, mesh, rank) for p, s, ax, _ in params if is_matrix(p, s.shape))
     group = update_group_scratch(params, mesh, mode=mode, rank=rank, population=population,
                                  update_chunk_bytes=update_chunk_bytes)
 
@@ -289,12 +291,13 @@ def _factor_elems(shape: tuple[int, ...], axes: tuple, mesh_shape: dict[str, int
     return int(np.prod(lead or [1])) * (m + n) * rank
 
 
-def _draw_elems(spec: NoiseSpec, leaves: list[tuple[tuple[int, ...], tuple]], mesh_shape: dict[str, int]) -> int:
+def _draw_elems(spec: NoiseSpec, leaves: list[tuple[str, tuple[int, ...], tuple]],
+                mesh_shape: dict[str, int]) -> int:
     """Per-device elements one member's draws take in :func:`esjax.es.noise.batched_pair_noise` for these
-    ``(shape, axes)`` leaves: draws of at most ``SMALL_DRAW`` elements are padded to the largest of them."""
+    ``(path, shape, axes)`` leaves: draws of at most ``SMALL_DRAW`` elements are padded to the largest of them."""
     small, large = [], 0
-    for shape, axes in leaves:
-        if spec.is_lowrank_leaf(shape):
+    for path, shape, axes in leaves:
+        if spec.is_lowrank_leaf(path, shape):
             *lead, m, n = shape
             sizes = [int(np.prod(lead or [1])) * m * spec.rank, int(np.prod(lead or [1])) * n * spec.rank]
             local = _factor_elems(shape, axes, mesh_shape, spec.rank)
@@ -313,10 +316,10 @@ def update_group_scratch(params: list[tuple[str, Any, tuple, int]], mesh_shape: 
                          update_chunk_bytes: int | None = UPDATE_CHUNK_BYTES) -> dict[str, int]:
     """The update's scratch for its worst group of leaves (module docstring): ``{'gradient': G_g, 'noise':
     noise_g, 'leaves': count}``, per device. Groups are the update's own (:func:`esjax.es.grouped.leaf_groups`
-    on global float32 sizes); the perturbed leaves are ``Scope('matrices')``'s (every leaf of ≥ 2 axes)."""
+    on global float32 sizes); the perturbed leaves are ``Scope('matrices')``'s (:func:`esjax.es.noise.is_matrix`)."""
     spec = NoiseSpec(mode=mode, rank=rank, scope=Scope("matrices"))
     scoped = [spec.scope.contains(p, s) for p, s, *_ in params]
-    chunk = max(1, min(auto_chunk_size(spec, [tuple(s.shape) for (_, s, *_), x in zip(params, scoped) if x],
+    chunk = max(1, min(auto_chunk_size(spec, [(p, tuple(s.shape)) for (p, s, *_), x in zip(params, scoped) if x],
                                        population), population))
     best = {"gradient": 0, "noise": 0, "leaves": 0}
     for group in leaf_groups([4 * int(np.prod(s.shape)) for _, s, *_ in params], update_chunk_bytes):
@@ -324,8 +327,8 @@ def update_group_scratch(params: list[tuple[str, Any, tuple, int]], mesh_shape: 
         if mode == "full":
             noise = 3 * chunk * grad
         else:
-            noise = 12 * chunk * _draw_elems(spec, [(tuple(params[i][1].shape), params[i][2]) for i in group
-                                                   if scoped[i]], mesh_shape)
+            noise = 12 * chunk * _draw_elems(spec, [(params[i][0], tuple(params[i][1].shape), params[i][2])
+                                                    for i in group if scoped[i]], mesh_shape)
         if 2 * grad + noise > 2 * best["gradient"] + best["noise"]:
             best = {"gradient": grad, "noise": noise, "leaves": len(group)}
     return best
