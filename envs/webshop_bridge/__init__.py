@@ -35,7 +35,8 @@ from .policies import (
     rollout,
     summarize,
 )
-from .pool import InProcessEnvPool, ProcessEnvPool
+from .pool import InProcessEnvPool
+from .process_pool import ProcessEnvPool
 from .reward import RewardInfo, compute_reward
 from .search import SearchEngine, analyze
 from .shop import PACKAGED_DATA, Shop, ShopSpec, get_shop, load_webshop, resolve_data
