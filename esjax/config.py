@@ -248,6 +248,14 @@ class _Schedule(_Section):
                 data = {key: value for key, value in data.items() if key not in drop}
         return data
 
+    @model_validator(mode="after")
+    def _lag_within_bound(self) -> _Schedule:
+        """A kind with a lag k (controlled, all_stale) needs k <= K: a lag-k fitness must still be accepted."""
+        lag = getattr(self, "lag", None)
+        if lag is not None and lag > self.max_lag:
+            raise ValueError(f"schedule.lag: {lag} exceeds schedule.max_lag={self.max_lag}")
+        return self
+
 
 class SyncSchedule(_Schedule):
     """Synchronous ES: dispatch N members at version t, wait for all of them (the barrier), update. Every
@@ -271,12 +279,6 @@ class ControlledSchedule(_Schedule):
     lag: int = Field(ge=1, le=100_000, description="k: the lag of the stale members (<= max_lag)")
     stale_fraction: float = Field(gt=0, le=1, description="p: the stale share of every cohort")
 
-    @model_validator(mode="after")
-    def _check(self) -> ControlledSchedule:
-        if self.lag > self.max_lag:
-            raise ValueError(f"schedule.lag: {self.lag} exceeds schedule.max_lag={self.max_lag}")
-        return self
-
 
 class AllStaleSchedule(_Schedule):
     """Stress test: after warm-up every fitness of every cohort is exactly k updates old (p = 1)."""
@@ -285,12 +287,6 @@ class AllStaleSchedule(_Schedule):
     lag: int = Field(ge=1, le=100_000, description="k: the lag of every member (<= max_lag)")
 
     _neutral: ClassVar[dict[str, tuple[float, ...]]] = {"stale_fraction": (0.0, 1.0)}  # p = 1 by definition
-
-    @model_validator(mode="after")
-    def _check(self) -> AllStaleSchedule:
-        if self.lag > self.max_lag:
-            raise ValueError(f"schedule.lag: {self.lag} exceeds schedule.max_lag={self.max_lag}")
-        return self
 
 
 class ExtremeLagSchedule(_Schedule):
