@@ -9,7 +9,7 @@ run, one after the other. Also: candidate scoring with the prefix KV cache vs na
 the same candidates.
 
     python benchmarks/population_forward.py            # ~28M-parameter model, 64 and 128 tokens, minutes on 2 cores
-    python benchmarks/population_forward.py --seq 32 64 128 512 --modes lowrank-r1 lowrank-r4 --no-scoring
+    python benchmarks/population_forward.py --seq 32 64 128 512 --modes lowrank-r1 lowrank-r1-all --no-scoring
     python benchmarks/population_forward.py --quick    # tiny smoke run
 """
 
@@ -24,15 +24,18 @@ import jax
 import numpy as np
 
 from esjax.agent.scoring import score_candidates
-from esjax.es.noise import NoiseSpec
+from esjax.es.noise import NoiseSpec, Scope
 from esjax.machine import cpu_model
 from esjax.model.config import ModelConfig
 from esjax.model.decoder import forward_jit
 from esjax.model.params import init_params, param_count
 from esjax.model.perturb import Perturbation
 
-#: mode name -> (noise mode, rank); "plain" is always measured (the baseline).
-MODES = {"lowrank-r1": ("lowrank", 1), "lowrank-r4": ("lowrank", 4), "full": ("full", 1)}
+#: mode name -> (noise mode, rank, scope kind); "plain" is always measured (the baseline). ``matrices``: the
+#: kernels and the embedding (tied: the head too); ``all``: also every norm scale and bias (dense deltas, one
+#: draw per layer of the stacked ones).
+MODES = {"lowrank-r1": ("lowrank", 1, "matrices"), "lowrank-r1-all": ("lowrank", 1, "all"),
+         "lowrank-r4": ("lowrank", 4, "matrices"), "full": ("full", 1, "matrices")}
 
 
 def _time(fn, cpu: list[float] | None = None) -> float:
@@ -107,9 +110,9 @@ def main() -> None:
     indices = np.repeat(np.arange(args.members, dtype=np.int32), args.episodes)
     modes = {"plain": None}
     for name in args.modes:
-        mode, rank = MODES[name]
-        modes[name] = Perturbation.create(NoiseSpec(seed=0, mode=mode, rank=rank), 1e-3, versions, indices,
-                                          group_size=args.episodes)
+        mode, rank, scope = MODES[name]
+        modes[name] = Perturbation.create(NoiseSpec(seed=0, mode=mode, rank=rank, scope=Scope(scope)), 1e-3,
+                                          versions, indices, group_size=args.episodes)
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores; jax {jax.__version__} on {jax.devices()[0].platform}"
           f"; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"model: {param_count(params) / 1e6:.1f}M params (hidden {args.hidden}, {args.layers} layers, "
