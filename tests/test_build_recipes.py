@@ -142,8 +142,8 @@ def test_recipe_fits_by_the_planner(heading, text, argv, plan_argv, tmp_path, ca
         assert NOT_YET not in heading
 
 
-def test_the_old_eight_gpu_recipe_did_not_fit():
-    """Why the 8-GPU recipe uses model=4: full-rank Qwen2.5-7B at data=4, model=2 exceeds 72 GiB usable."""
-    plan = plan_memory(BUILTIN["Qwen2.5-7B"], data=4, model=2, population=30, max_lag=1, batch=64,
+def test_the_eight_gpu_recipe_needs_model_two_for_full_rank():
+    """Why the 8-GPU recipe uses model=2: full-rank Qwen2.5-7B at data=8, model=1 exceeds 72 GiB usable."""
+    plan = plan_memory(BUILTIN["Qwen2.5-7B"], data=8, model=1, population=30, max_lag=1, batch=64,
                        episodes_per_member=16, mode="full", device_memory="80GiB")
     assert not plan.fits and plan.peak / GiB > 78 and plan.usable / GiB == pytest.approx(72.0)
