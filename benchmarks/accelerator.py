@@ -35,6 +35,7 @@ import hashlib
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -145,6 +146,19 @@ def _xla_flops(compiled) -> float | None:
     if isinstance(cost, list):
         cost = cost[0] if cost else None
     return float(cost["flops"]) if cost and "flops" in cost else None
+
+
+def _model_flops(config, params: int, rows: int, seq: int) -> float:
+    """Matmul FLOPs of one plain forward with the head on the last position, counted from the shapes.
+
+    XLA's cost analysis is no substitute on a GPU: it leaves out the matmuls it hands to cuBLAS (it counted
+    0.10 TFLOP for the ~50 TFLOP forward of Qwen2.5-0.5B on 128 x 512 tokens).
+    """
+    embed = config.vocab_size * config.hidden_size * (1 if config.tie_word_embeddings else 2)
+    linear = 2 * (params - embed) * rows * seq  # every kernel of every layer (norm scales are negligible)
+    attention = 4 * config.num_layers * rows * seq * seq * config.num_heads * config.head_dim  # QK^T and PV, unmasked
+    head = 2 * config.hidden_size * config.vocab_size * rows
+    return float(linear + attention + head)
 
 
 def _random_params(config, dtype: str):
@@ -389,7 +403,8 @@ def section_forward(sizes: Sizes) -> dict[str, Any]:
                            "tflops_per_s": None if flops is None else flops / med / 1e12}
     out = {"model": sizes.model, "params": param_count(params), "dtype": sizes.dtype, "members": sizes.members,
            "rows_per_member": sizes.rows_per_member, "rows": rows, "seq": sizes.seq, "rounds": sizes.rounds,
-           "modes": out_modes, "memory": _memory()}
+           "modes": out_modes, "memory": _memory(),
+           "model_flops": _model_flops(config, param_count(params), rows, sizes.seq)}
     bad = [name for name, m in out_modes.items() if not m["finite"]]
     if bad:
         out["error"] = f"non-finite logits: {', '.join(bad)}"
@@ -487,12 +502,12 @@ def _plan_update(sizes: Sizes, mode: str) -> dict[str, Any]:
     versions, indices = np.zeros(n, np.int32), np.arange(n, dtype=np.int32)
     fitness = np.random.default_rng(0).normal(size=n).astype(np.float32)
     t0 = time.perf_counter()
-    new, _ = jax.block_until_ready(update(es, state, versions, indices, fitness))
+    jax.block_until_ready(update(es, state, versions, indices, fitness))  # its output freed before the next call
     first_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     jax.block_until_ready(update(es, state, versions, indices, fitness))
     second_s = time.perf_counter() - t0
-    del new, cache
+    del cache
     mem = _memory()
     plan = _plan(sizes, mode, context, mem.get("bytes_limit"))
     return {"mode": mode, "population": n, "first_call_s": first_s, "update_s": second_s,
@@ -539,10 +554,11 @@ def section_rollout(sizes: Sizes) -> dict[str, Any]:
         out = Path(tmp) / "rollout.json"
         cmd = [sys.executable, str(BENCH / "rollout.py"), "--json", str(out)]
         cmd += (["--quick", "--config", str(ROOT / "configs" / "synthetic.yaml")] if sizes.model == "tiny"
-                else ["--model", "30m", "--updates", "1", "--repeats", "3"])
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
+                else ["--model", "30m", "--updates", "1", "--repeats", "3", "--set", "env.eval_goals=50"])
+        # its progress lines pass through to this section's stderr (kept when the section times out)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT, check=False)
         if proc.returncode != 0:
-            raise RuntimeError(f"benchmarks/rollout.py exited {proc.returncode}: {proc.stderr[-2000:]}")
+            raise RuntimeError(f"benchmarks/rollout.py exited {proc.returncode} (its stderr: the section's)")
         r = json.loads(out.read_text())
     keep = ("updates", "ticks", "env_steps", "calls", "loop_seconds", "env_steps_per_s", "tokens_per_s",
             "floor_seconds", "loop_vs_floor", "padding_efficiency", "breakdown_s", "programs")
@@ -584,13 +600,18 @@ def _run_section(name: str, sizes: Sizes, timeout: float, tiny: bool, fail: str 
     if fail:
         cmd += ["--fail-section", fail]
     start = time.perf_counter()
+    # A session of its own, so a timeout kills the section's subprocesses too (the rollout section's benchmark
+    # would otherwise go on holding the device); what they printed so far says where the time went.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT, check=False)
-    except subprocess.TimeoutExpired as err:
-        tail = (err.stderr or b"")[-2000:]
-        tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
-        return {"status": "error", "error": f"timeout after {timeout:.0f} s", "stderr_tail": tail,
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        return {"status": "error", "error": f"timeout after {timeout:.0f} s", "stderr_tail": stderr[-2000:],
                 "seconds": time.perf_counter() - start}
+    proc = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith("RESULT ")), None)
     if line is None:
         return {"status": "error", "error": f"section process exited {proc.returncode} without a result",
@@ -679,11 +700,13 @@ def markdown(record: dict[str, Any]) -> str:
     if fw.get("status") == "ok":
         lines += ["", f"Population forward: {fw['model']}-shaped random model ({fw['params'] / 1e6:.3g}M params, "
                   f"{fw['dtype']}), {fw['members']} members x {fw['rows_per_member']} rows x {fw['seq']} tokens, "
-                  f"head on the last position; median of {fw['rounds']} interleaved rounds.", "",
-                  "| mode | rows·tokens/s | ratio vs plain | TFLOP/s (XLA count) | compile s | XLA temp GiB |",
+                  f"head on the last position; median of {fw['rounds']} interleaved rounds. Model TFLOP/s: the "
+                  f"plain forward's matmul FLOPs ({fw['model_flops'] / 1e12:.1f} TFLOP, counted from the shapes; "
+                  "a perturbation's own FLOPs are not counted) per second of the mode.", "",
+                  "| mode | rows·tokens/s | ratio vs plain | model TFLOP/s | compile s | XLA temp GiB |",
                   "|---|---|---|---|---|---|"]
         for name, m in fw["modes"].items():
-            tf = "n/a" if m["tflops_per_s"] is None else f"{m['tflops_per_s']:.1f}"
+            tf = f"{fw['model_flops'] / m['median_s'] / 1e12:.0f}"
             temp = None if not m["xla_memory"] else m["xla_memory"]["temp"]
             lines.append(f"| {name} | {m['tokens_per_s']:,.0f} | {m['ratio_vs_plain']:.3f} | {tf} | "
                          f"{m['compile_s']:.1f} | {_gib(temp)} |")

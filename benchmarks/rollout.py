@@ -118,18 +118,27 @@ def run_config(config_path: str, overrides: list[str]) -> Any:
         return train(config, Path(tmp) / "run")
 
 
+def _progress(began: float, message: str) -> None:
+    """One line on stderr per phase, so a run cut off by a time limit still says where its time went."""
+    print(f"[rollout {time.perf_counter() - began:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+
 def measure(config_path: str, overrides: list[str], repeats: int = 5) -> dict[str, Any]:
+    began = time.perf_counter()
     recorder = Recorder()
     recorder.install()
+    _progress(began, "warm-up run (compiles every program)")
     start = time.perf_counter()
     run_config(config_path, overrides)  # warm-up: compiles every program of this run
     warm_seconds = time.perf_counter() - start
     programs = len(recorder.compiled)
+    _progress(began, f"timed run ({programs} programs compiled)")
     recorder.active = True
     start, start_cpu = time.perf_counter(), time.process_time()
     result = run_config(config_path, overrides)
     loop_seconds, loop_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     recorder.active = False
+    _progress(began, f"floor: {len(recorder.shape_calls)} shapes' bare programs, {repeats} repeats each")
     floor = sum(n * recorder.bare_seconds(key, repeats) for key, n in recorder.shape_calls.items())
     s = recorder.stats
     evals = [r for r in result.records if r.get("kind") == "eval"]
