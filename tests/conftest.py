@@ -100,6 +100,23 @@ def run_python(code: str | Sequence[str], *args: str | Path, devices: int | None
     return proc
 
 
+def same_bits(a, b) -> bool:
+    """Two pytrees hold the same leaves bit for bit (dtype, shape and bytes; NaNs compare by their bits)."""
+    import jax
+    import numpy as np
+
+    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(leaves_a) == len(leaves_b) and all(
+        x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+        for x, y in ((np.asarray(p), np.asarray(q)) for p, q in zip(leaves_a, leaves_b)))
+
+
+def theta_moved(records: Sequence[dict]) -> bool:
+    """Some update of a run changed θ (a nonzero update norm). Two runs' final θ compared bit for bit prove
+    something only then: a random policy on a hard task can score 0 in every member, and then θ never moves."""
+    return any(r.get("kind") == "update" and (r.get("update_norm") or 0) > 0 for r in records)
+
+
 def free_port() -> int:
     """A local TCP port nobody listens on right now (for a child's distributed coordinator)."""
     with socket.socket() as s:

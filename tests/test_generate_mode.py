@@ -269,7 +269,8 @@ BASE = ["run.progress=false", "run.updates=3", "run.eval_every=2", "run.checkpoi
 def test_resume_in_generate_mode_is_bit_identical(tmp_path):
     """A run killed right after any checkpoint and resumed ends with the same θ, records and traces. Every
     checkpoint lands with turns in progress (partial replies), so the re-prefill path is exercised."""
-    from test_trainer_resume import _records, _same_bits, _steps, _untimed, killed_after
+    from conftest import same_bits
+    from test_trainer_resume import _records, _steps, _untimed, killed_after
 
     from esjax.checkpoint import read_loop_state
     from esjax.config import load_config
@@ -288,7 +289,7 @@ def test_resume_in_generate_mode_is_bit_identical(tmp_path):
     for step in steps[:-1]:
         run_dir = killed_after(reference.run_dir, step, tmp_path / f"from-{step}")
         resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
-        assert _same_bits(resumed.params, reference.params)
+        assert same_bits(resumed.params, reference.params)
         assert _untimed(_records(run_dir)) == records, f"records differ after resuming from {step}"
         for path in sorted((reference.run_dir / "traces").iterdir()):
             assert (run_dir / "traces" / path.name).read_bytes() == path.read_bytes(), (step, path.name)

@@ -9,9 +9,8 @@ import signal
 import threading
 import time
 
-import jax
-import numpy as np
 import pytest
+from conftest import same_bits
 from reliability import record
 
 from envs.webshop_bridge import InProcessEnvPool, ProcessEnvPool, ShopSpec, get_shop
@@ -32,10 +31,6 @@ def _history(records):
     """The accepted history: per update, its version, cohort (lags) and fitness statistics."""
     keys = ("version", "lag_hist", "fitness_mean", "fitness_max", "fitness_std", "accepted")
     return [{k: r[k] for k in keys} for r in records if r["kind"] == "update"]
-
-
-def _same(a, b) -> bool:
-    return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 class StepFaults:
@@ -91,7 +86,7 @@ def test_transient_env_errors_and_hangs_are_retried(reference, monkeypatch, tmp_
     assert result.version == 3
     # The failed episodes were re-run exactly: the accepted history and the final θ match a fault-free run.
     assert _history(result.records) == _history(reference.records)
-    assert _same(result.params, reference.params)
+    assert same_bits(result.params, reference.params)
     # a re-run evaluation episode replaces the failed one in the traces: the same files as the fault-free run
     traces = sorted(p.name for p in (reference.run_dir / "traces").iterdir())
     assert traces and traces == sorted(p.name for p in (result.run_dir / "traces").iterdir())

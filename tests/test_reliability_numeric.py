@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import same_bits
 from reliability import record
 
 from esjax.cli_util import run_cli
@@ -39,10 +40,6 @@ class PoisonUpdates:
         return new_state, metrics
 
 
-def _same(a, b) -> bool:
-    return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-
-
 @pytest.fixture
 def poison(monkeypatch):
     from esjax.es import step as module
@@ -66,7 +63,7 @@ def test_nonfinite_update_is_rejected_and_the_run_goes_on(poison, tmp_path):
     for bad_call in (1, 2):
         _, theta_bad, v_bad = wrapper.inputs[bad_call]
         _, theta_next, v_next = wrapper.inputs[bad_call + 1]
-        assert v_bad == v_next == 1 and _same(theta_bad, theta_next)
+        assert v_bad == v_next == 1 and same_bits(theta_bad, theta_next)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(result.params))
     # Every applied cohort is complete and counted once; the rejected ones are discarded, not accepted.
     last = updates[-1]
@@ -75,7 +72,7 @@ def test_nonfinite_update_is_rejected_and_the_run_goes_on(poison, tmp_path):
     assert last["accepted"] == 3 * N and last["discarded_by"]["rejected_update"] == 2 * N
     assert last["rejected_updates"] == 2
     _, _, params, version = load_run(result.run_dir)  # the final checkpoint is finite and loadable
-    assert version == 3 and _same(params, result.params)
+    assert version == 3 and same_bits(params, result.params)
     record("numeric-nonfinite-update", area="numerical", fault="an ES update produces NaN parameters (twice)",
            injection="esjax.es.step.update wrapped to return θ·NaN on its 2nd and 3rd call",
            expected="update rejected: θ and version kept, cohort dropped and counted, `nonfinite_update` event; "

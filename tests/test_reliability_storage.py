@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from conftest import same_bits
 from reliability import record
 
 from esjax.checkpoint import Checkpointer, StorageError
@@ -41,10 +42,6 @@ def _cli_args(run_dir: Path) -> list[str]:
     for item in BASE:
         args += ["--set", item]
     return args
-
-
-def _same(a, b) -> bool:
-    return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 def _history(records, upto=None):
@@ -97,8 +94,8 @@ def test_sigkill_inside_checkpoint_save_keeps_the_previous_one(reference, tmp_pa
     # Everything accepted up to the surviving checkpoint is there, and the run resumes to the same end.
     assert _history(_records(run_dir), upto=1) == _history(reference.records, upto=1)
     resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
-    assert not _same(reference.params, _params_at(reference, 1, tmp_path))  # θ moved: the comparison means something
-    assert resumed.version == 3 and _same(resumed.params, reference.params)
+    assert not same_bits(reference.params, _params_at(reference, 1, tmp_path))  # θ moved: the comparison counts
+    assert resumed.version == 3 and same_bits(resumed.params, reference.params)
     assert _history(resumed.records) == _history(reference.records)
     assert _untimed(_records(run_dir)) == _untimed(reference.records)  # record for record, nothing twice
     record("storage-sigkill-in-save", area="storage", fault="trainer SIGKILLed inside Checkpointer.save of step 2",
@@ -181,7 +178,7 @@ def test_full_disk_stops_with_one_line(reference, monkeypatch, tmp_path):
     assert "\n" not in message and "File too large" in message and str(run_dir) in message
     assert isinstance(info.value, StorageError)
     _, _, params, version = load_run(run_dir)
-    assert version == 1 and _same(params, _params_at(reference, 1, tmp_path))
+    assert version == 1 and same_bits(params, _params_at(reference, 1, tmp_path))
     # the write that hit the limit may leave a torn last line; readers (and a resume) skip it
     assert _history(read_metrics(run_dir / "metrics.jsonl"), upto=1) == _history(reference.records, upto=1)
     record("storage-full-disk", area="storage", fault="disk full: writes fail after checkpoint 1",

@@ -14,6 +14,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from conftest import same_bits, theta_moved
 
 from esjax.config import load_config
 from esjax.parts import load_run
@@ -27,10 +28,6 @@ TINY = ["model.source=random", "run.updates=4", "run.eval_every=2", "run.checkpo
         "schedule.slots=4", "env.eval_goals=6", "env.tasks_per_member=2", "env.num_products=100",
         "env.max_steps=6", "run.progress=false", "es.sigma=0.05", "es.learning_rate=0.05",
         "es.scale=nes"]  # the es section's default scale before it became the library's (llm)
-
-
-def _params_equal(a, b) -> bool:
-    return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 def _strip_times(records):
@@ -92,7 +89,7 @@ def test_evaluations_write_episode_traces(reference_run):
 def test_rerun_is_bit_identical(reference_run, tmp_path):
     # run.traces only adds files: the run itself is the same with traces off
     again = train(load_config(None, [*TINY, "run.traces=none"]), run_dir=tmp_path / "again")
-    assert _params_equal(reference_run.params, again.params)
+    assert theta_moved(reference_run.records) and same_bits(reference_run.params, again.params)
     assert _strip_times(reference_run.records) == _strip_times(again.records)
     assert not (tmp_path / "again" / "traces").exists()
 
@@ -121,10 +118,10 @@ def test_sigkill_then_resume_is_bit_identical(reference_run, tmp_path):
     # resumed in this process (its programs are compiled already); the CLI's --resume is
     # test_corrupt_latest_checkpoint_falls_back's
     resumed = train(resume_config(run_dir), run_dir=run_dir, resume=True)
-    assert resumed.version == 4 and _params_equal(reference_run.params, resumed.params)
+    assert resumed.version == 4 and same_bits(reference_run.params, resumed.params)
     _, _, params, version = load_run(run_dir)
     assert version == 4
-    assert _params_equal(reference_run.params, params)
+    assert same_bits(reference_run.params, params)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert _strip_times(records) == _strip_times(reference_run.records)  # no record lost or duplicated
 
@@ -145,7 +142,7 @@ def test_corrupt_latest_checkpoint_falls_back(reference_run, tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "falling back to the previous checkpoint" in resumed.stderr
     _, _, params, version = load_run(run_dir)
-    assert version == 4 and _params_equal(reference_run.params, params)
+    assert version == 4 and same_bits(reference_run.params, params)
 
 
 def test_eval_and_export_of_a_run(reference_run, tmp_path, capsys):

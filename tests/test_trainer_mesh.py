@@ -6,6 +6,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from conftest import theta_moved
 
 TINY = ["model.source=random", "run.updates=3", "run.eval_every=3", "run.checkpoint_every=3", "es.population=8",
         "schedule.slots=4", "env.eval_goals=4", "env.tasks_per_member=2", "env.num_products=100",
@@ -41,8 +42,9 @@ def test_mesh_runs_match_single_device(tmp_path, python_child):
     from esjax.trainer import train
 
     assert len(jax.devices()) == 1  # this process: the single-device run
-    single = [np.asarray(x) for x in jax.tree.leaves(
-        train(load_config(None, [*TINY, "mesh.data=1", "mesh.model=1"]), run_dir=tmp_path / "single").params)]
+    result = train(load_config(None, [*TINY, "mesh.data=1", "mesh.model=1"]), run_dir=tmp_path / "single")
+    assert theta_moved(result.records)
+    single = [np.asarray(x) for x in jax.tree.leaves(result.params)]
     python_child(SCRIPT, tmp_path, *TINY, devices=8, timeout=900)
     for data, model in MESHES:
         sharded = _leaves(tmp_path / f"mesh{data}x{model}.npz")

@@ -26,9 +26,8 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
-import jax
-import numpy as np
 import pytest
+from conftest import same_bits, theta_moved
 from reliability import record
 
 from esjax.checkpoint import read_loop_state
@@ -65,13 +64,6 @@ def _records(run_dir: Path) -> list[dict]:
 
 def _untimed(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
-
-
-def _same_bits(a, b) -> bool:
-    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
-    return len(leaves_a) == len(leaves_b) and all(
-        np.asarray(x).dtype == np.asarray(y).dtype and np.asarray(x).tobytes() == np.asarray(y).tobytes()
-        for x, y in zip(leaves_a, leaves_b))
 
 
 def _trace_files(run_dir: Path) -> dict[str, bytes]:
@@ -132,12 +124,12 @@ def test_resume_from_every_checkpoint_is_bit_identical(reference, tmp_path):
     kind, result = reference
     reference_records = _records(result.run_dir)
     steps = _steps(result.run_dir)
-    assert steps == list(range(1, UPDATES + 1))
+    assert steps == list(range(1, UPDATES + 1)) and theta_moved(reference_records)
     for step in steps:
         run_dir = killed_after(result.run_dir, step, tmp_path / f"from-{step}")
         resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
         assert resumed.version == UPDATES
-        assert _same_bits(resumed.params, result.params), f"{kind}: θ differs after resuming from {step}"
+        assert same_bits(resumed.params, result.params), f"{kind}: θ differs after resuming from {step}"
         assert _trace_files(run_dir) == _trace_files(result.run_dir), f"{kind}: traces differ after resuming"
         records = _records(run_dir)
         assert _untimed(records) == _untimed(reference_records), f"{kind}: records differ after resuming from {step}"
@@ -172,7 +164,7 @@ def test_resuming_a_finished_run_changes_nothing(reference, tmp_path):
     before = (run_dir / "metrics.jsonl").read_bytes()
     resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
     assert (run_dir / "metrics.jsonl").read_bytes() == before  # no evaluation or record appended
-    assert resumed.version == UPDATES and _same_bits(resumed.params, result.params)
+    assert resumed.version == UPDATES and same_bits(resumed.params, result.params)
     assert _steps(run_dir) == _steps(result.run_dir)
 
 
