@@ -317,7 +317,9 @@ def test_grouped_update_equals_all_leaves_at_once(name):
 
     whole, groups = two_steps(None)
     assert groups == 1
-    for budget, want_groups in ((0, 3), (35 * 4, 2)):
+    # every leaf alone; once (each budget is another compile) also a group of two leaves beside one alone
+    budgets = ((0, 3), (35 * 4, 2)) if name == "lowrank-sgd-decays" else ((0, 3),)
+    for budget, want_groups in budgets:
         got, groups = two_steps(budget)
         assert groups == want_groups
         for a, b in zip(got, whole):
