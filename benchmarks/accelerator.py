@@ -706,7 +706,7 @@ def markdown(record: dict[str, Any]) -> str:
                   "| mode | rows·tokens/s | ratio vs plain | model TFLOP/s | compile s | XLA temp GiB |",
                   "|---|---|---|---|---|---|"]
         for name, m in fw["modes"].items():
-            tf = f"{fw['model_flops'] / m['median_s'] / 1e12:.0f}"
+            tf = f"{fw['model_flops'] / m['median_s'] / 1e12:.3g}"
             temp = None if not m["xla_memory"] else m["xla_memory"]["temp"]
             lines.append(f"| {name} | {m['tokens_per_s']:,.0f} | {m['ratio_vs_plain']:.3f} | {tf} | "
                          f"{m['compile_s']:.1f} | {_gib(temp)} |")
