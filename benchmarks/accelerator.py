@@ -611,15 +611,14 @@ def _run_section(name: str, sizes: Sizes, timeout: float, tiny: bool, fail: str 
         stdout, stderr = proc.communicate()
         return {"status": "error", "error": f"timeout after {timeout:.0f} s", "stderr_tail": stderr[-2000:],
                 "seconds": time.perf_counter() - start}
-    proc = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
-    line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith("RESULT ")), None)
+    line = next((x for x in reversed(stdout.splitlines()) if x.startswith("RESULT ")), None)
     if line is None:
         return {"status": "error", "error": f"section process exited {proc.returncode} without a result",
-                "stderr_tail": proc.stderr[-3000:], "seconds": time.perf_counter() - start}
+                "stderr_tail": stderr[-3000:], "seconds": time.perf_counter() - start}
     result = json.loads(line[len("RESULT "):])
     result["status"] = "error" if "error" in result else "ok"
     if result["status"] == "error":
-        result["stderr_tail"] = proc.stderr[-2000:]
+        result["stderr_tail"] = stderr[-2000:]
     result["wall_s"] = time.perf_counter() - start
     return result
 
