@@ -560,7 +560,8 @@ def section_rollout(sizes: Sizes) -> dict[str, Any]:
         if proc.returncode != 0:
             raise RuntimeError(f"benchmarks/rollout.py exited {proc.returncode} (its stderr: the section's)")
         r = json.loads(out.read_text())
-    keep = ("updates", "ticks", "env_steps", "calls", "loop_seconds", "env_steps_per_s", "tokens_per_s",
+    keep = ("updates", "ticks", "env_steps", "calls", "loop_seconds", "loop_cpu_seconds", "env_steps_per_s",
+            "env_steps_per_cpu_s", "job_seconds", "job_env_steps_per_s", "tokens_per_s",
             "floor_seconds", "loop_vs_floor", "padding_efficiency", "breakdown_s", "programs")
     shown = [str(Path(x).relative_to(ROOT)) if x.startswith(str(ROOT)) else x for x in cmd[1:] if x != str(out)]
     return {"command": " ".join(x for x in shown if x != "--json"), **{k: r.get(k) for k in keep}}
@@ -737,7 +738,9 @@ def markdown(record: dict[str, Any]) -> str:
     if ro.get("status") == "ok":
         lines.append(f"\nRollout loop (`{ro['command']}`): {ro['env_steps_per_s']:.0f} env steps/s, "
                      f"loop vs bare-program floor {ro['loop_vs_floor']:.2f}, padding efficiency "
-                     f"{ro['padding_efficiency']:.2f}.")
+                     f"{ro['padding_efficiency']:.2f}; of the loop's {ro['loop_seconds']:.1f} s: "
+                     + ", ".join(f"{k} {v / ro['loop_seconds']:.0%}" for k, v in ro["breakdown_s"].items())
+                     + f" ({ro['programs']} scoring programs).")
     return "\n".join(lines) + "\n"
 
 

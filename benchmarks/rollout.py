@@ -7,10 +7,12 @@ each shape's bare program (noise preparation + candidate scoring on device array
 its example, and the floor is ``Σ calls(shape) × bare seconds(shape)``: what the loop would take if the host
 cost nothing. Printed:
 
-- env steps per wall second and per CPU second (process time, all threads), scored tokens per second;
+- env steps per wall second and per CPU second (process time, all threads) of the loop proper (the trainer's
+  ``run``: ticks, updates, evaluations, checkpoints) and of the whole job (start-up: loading the shop and the
+  policy; end: plots and summary), scored tokens per second;
 - the loop/floor ratio (``floor seconds / loop seconds``; 1.0 = the loop runs at the model's pace);
 - the per-tick breakdown from ``TickStats`` (prepare: prompts and candidates; model: padding, dispatch,
-  device compute, reading back; env: env steps; the rest: bookkeeping, updates, evaluations, checkpoints);
+  device compute, reading back; env: env steps; other: bookkeeping, updates, evaluations, checkpoints);
 - padding efficiency (real tokens / computed tokens) and the compiled-program count of the warm-up run.
 
     python benchmarks/rollout.py                                  # configs/default.yaml, 3 updates
@@ -39,6 +41,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import esjax.agent.scoring as scoring  # noqa: E402
+import esjax.driver as driver  # noqa: E402
 from esjax.config import load_config  # noqa: E402
 from esjax.loop.rollout import RolloutEngine, TickStats  # noqa: E402
 from esjax.machine import machine_info  # noqa: E402
@@ -63,10 +66,22 @@ class Recorder:
         self.shape_calls: Counter = Counter()
         self.examples: dict[tuple, tuple] = {}
         self.compiled: set[tuple] = set()
+        self.loop_seconds = self.loop_cpu_seconds = 0.0
 
     def install(self) -> None:
         tick, program, prepare = RolloutEngine.tick, scoring._score_packed, scoring.prepare_jit
+        run = driver.Trainer.run
         recorder = self
+
+        def recorded_run(trainer, *args, **kwargs):
+            """The loop proper (ticks, updates, evaluations, checkpoints), without start-up and end-of-run files."""
+            start, start_cpu = time.perf_counter(), time.process_time()
+            try:
+                return run(trainer, *args, **kwargs)
+            finally:
+                if recorder.active:
+                    recorder.loop_seconds += time.perf_counter() - start
+                    recorder.loop_cpu_seconds += time.process_time() - start_cpu
 
         def recorded_tick(engine, params_at):
             finished, stats = tick(engine, params_at)
@@ -88,6 +103,7 @@ class Recorder:
             return prepare(perturbation, params)
 
         RolloutEngine.tick = recorded_tick
+        driver.Trainer.run = recorded_run
         scoring._score_packed = recorded_program
         scoring.prepare_jit = recorded_prepare
         self._program, self._prepare = program, prepare
@@ -136,8 +152,9 @@ def measure(config_path: str, overrides: list[str], repeats: int = 5) -> dict[st
     recorder.active = True
     start, start_cpu = time.perf_counter(), time.process_time()
     result = run_config(config_path, overrides)
-    loop_seconds, loop_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    job_seconds, job_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     recorder.active = False
+    loop_seconds, loop_cpu = recorder.loop_seconds, recorder.loop_cpu_seconds
     _progress(began, f"floor: {len(recorder.shape_calls)} shapes' bare programs, {repeats} repeats each")
     floor = sum(n * recorder.bare_seconds(key, repeats) for key, n in recorder.shape_calls.items())
     s = recorder.stats
@@ -146,6 +163,8 @@ def measure(config_path: str, overrides: list[str], repeats: int = 5) -> dict[st
         "config": config_path, "overrides": overrides, "machine": machine_info(),
         "updates": result.version, "ticks": recorder.ticks, "env_steps": s.rows, "model_rows": s.model_rows,
         "calls": s.calls, "loop_seconds": loop_seconds, "loop_cpu_seconds": loop_cpu,
+        "job_seconds": job_seconds, "job_cpu_seconds": job_cpu,
+        "job_env_steps_per_s": s.rows / job_seconds, "job_env_steps_per_cpu_s": s.rows / max(job_cpu, 1e-9),
         "env_steps_per_s": s.rows / loop_seconds, "env_steps_per_cpu_s": s.rows / max(loop_cpu, 1e-9),
         "tokens_per_s": s.tokens / loop_seconds, "floor_seconds": floor, "loop_vs_floor": floor / loop_seconds,
         "padding_efficiency": s.tokens / max(s.padded_tokens, 1),
@@ -164,8 +183,10 @@ def report(r: dict[str, Any]) -> str:
         f"{r['config']} {' '.join(r['overrides'])}",
         f"  machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, load {r['machine']['loadavg']}",
         f"  {r['updates']} updates, {r['ticks']} ticks, {r['env_steps']} env steps, {r['calls']} policy calls "
-        f"in {total:.1f} s ({r['loop_cpu_seconds']:.1f} CPU s)",
-        f"  env steps/s {r['env_steps_per_s']:.0f}, per CPU-second {r['env_steps_per_cpu_s']:.0f}; "
+        f"in {total:.1f} s ({r['loop_cpu_seconds']:.1f} CPU s) of the loop; the whole job (start-up, plots and "
+        f"summary included) {r['job_seconds']:.1f} s ({r['job_cpu_seconds']:.1f} CPU s)",
+        f"  env steps/s {r['env_steps_per_s']:.0f}, per CPU-second {r['env_steps_per_cpu_s']:.0f} (whole job: "
+        f"{r['job_env_steps_per_s']:.0f}, {r['job_env_steps_per_cpu_s']:.0f}); "
         f"scored tokens/s {r['tokens_per_s']:.0f}",
         f"  loop vs bare-forward floor: {r['loop_vs_floor']:.2f} (floor {r['floor_seconds']:.1f} s of "
         f"{total:.1f} s)",
