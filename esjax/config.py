@@ -86,6 +86,8 @@ class RunSection(_Section):
                                            "'esjax[wandb]'; WANDB_MODE=offline keeps it local)")
     wandb_project: str = Field("esjax", min_length=1, description="the W&B project of run.wandb")
     progress: bool = True
+    plots: bool = Field(True, description="draw plots/*.png (score, staleness, throughput) when the run ends; "
+                                          "false saves ~1.5 s of matplotlib per run (sweeps, tests)")
     traces: Literal["eval", "none"] = Field(
         "eval", description="eval: write every evaluation's episodes (goal, instruction, actions with 200-character "
                             "observation snippets, reward and its breakdown) to traces/eval-v<version>.jsonl; none: "

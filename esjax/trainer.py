@@ -157,7 +157,8 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
             from esjax.plots import write_plots, write_summary
 
             run_info = read_run_info(run_dir)
-            write_plots(records, run_dir / "plots", plot_title(config, run_info))
+            if config.run.plots:
+                write_plots(records, run_dir / "plots", plot_title(config, run_info))
             summary = write_summary(records, run_dir / "summary.md",
                                     f"{config.run.name}: {config.schedule.kind} ES", run_info=run_info)
         failed = False
@@ -182,5 +183,6 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
     if summary is not None:
         progress.final(summary, records)
     if config.run.progress and primary:
-        print(f"run directory: {run_dir} (summary.md, plots/, metrics.jsonl, checkpoints/)", flush=True)
+        plots = " plots/," if config.run.plots else ""
+        print(f"run directory: {run_dir} (summary.md,{plots} metrics.jsonl, checkpoints/)", flush=True)
     return TrainResult(run_dir, trainer.version, trainer.es_update.state.params, records, trainer.coord.totals())

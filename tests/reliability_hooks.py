@@ -11,6 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+# Run as a script, this file's folder (tests/) is sys.path[0]: put the checkout it belongs to first, so the
+# hooked run imports this checkout's esjax whether or not (and wherever) the package is installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 
 def stall_in_save(step: int, run_dir: Path) -> None:
     from orbax.checkpoint._src.handlers import json_checkpoint_handler as handler

@@ -258,7 +258,7 @@ def test_invalid_actions_are_noops_and_counted(shop, hf_policy):
 
 
 # ------------------------------------------------------------------------------------------------ the trainer
-BASE = ["run.progress=false", "run.updates=3", "run.eval_every=2", "run.checkpoint_every=1",
+BASE = ["run.progress=false", "run.plots=false", "run.updates=3", "run.eval_every=2", "run.checkpoint_every=1",
         "run.keep_checkpoints=100", "es.population=4", "es.rank=1", "es.sigma=0.05", "es.learning_rate=0.01",
         "es.scale=nes", "schedule.slots=3",
         "schedule.max_lag=1", "env.data=webshop_small", "env.tasks_per_member=2", "env.max_steps=3",

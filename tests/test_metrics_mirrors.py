@@ -11,8 +11,8 @@ from esjax.trainer import train
 pytest.importorskip("wandb", reason="the optional W&B extra (installed by the test extra)")
 
 SMALL = ["model.source=random", "env.num_products=30", "es.population=4", "schedule.slots=4",
-         "env.tasks_per_member=1", "env.eval_goals=2", "env.max_steps=2", "run.progress=false", "run.wandb=true",
-         "run.wandb_project=esjax-tests", "run.eval_every=1"]
+         "env.tasks_per_member=1", "env.eval_goals=2", "env.max_steps=2", "run.progress=false", "run.plots=false",
+         "run.wandb=true", "run.wandb_project=esjax-tests", "run.eval_every=1"]
 
 
 def _logged(run_dir) -> bytes:

@@ -21,7 +21,7 @@ from esjax.trainer import train
 
 BASE = ["model.source=random", "run.updates=3", "run.eval_every=10", "run.checkpoint_every=10", "es.population=8",
         "schedule.slots=4", "env.eval_goals=2", "env.tasks_per_member=2", "env.num_products=100",
-        "env.max_steps=6", "run.progress=false", "es.sigma=0.05", "es.learning_rate=0.05",
+        "env.max_steps=6", "run.progress=false", "run.plots=false", "es.sigma=0.05", "es.learning_rate=0.05",
         "es.scale=nes"]  # the es section's default scale before it became the library's (llm)
 N = 8
 TIMES = {"wall_time", "seconds", "episodes_per_s", "tokens_per_s", "eval_seconds", "update_seconds", "tick"}

@@ -33,7 +33,7 @@ BASE = ["model.source=embedded", "run.updates=3", "run.eval_every=10", "run.chec
         "es.rank=2", "es.sigma=0.2", "es.learning_rate=0.25", "es.scale=nes", "es.scope=all",
         "es.include=['norm/scale$']",
         "schedule.slots=4", "env.eval_goals=2", "env.tasks_per_member=2", "env.data=webshop_small", "env.max_steps=10",
-        "agent.prompt_style=compact", "agent.temperature=0.5", "run.progress=false"]
+        "agent.prompt_style=compact", "agent.temperature=0.5", "run.progress=false", "run.plots=false"]
 TIMING = {"wall_time", "seconds", "episodes_per_s", "tokens_per_s", "eval_seconds", "update_seconds"}
 
 

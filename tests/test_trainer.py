@@ -26,7 +26,7 @@ WEBSHOP_SMALL = Path(os.environ.get("ESJAX_WEBSHOP_SMALL", REPO.parent / "shared
 
 TINY = ["model.source=random", "run.updates=4", "run.eval_every=2", "run.checkpoint_every=1", "es.population=8",
         "schedule.slots=4", "env.eval_goals=6", "env.tasks_per_member=2", "env.num_products=100",
-        "env.max_steps=6", "run.progress=false", "es.sigma=0.05", "es.learning_rate=0.05",
+        "env.max_steps=6", "run.progress=false", "run.plots=false", "es.sigma=0.05", "es.learning_rate=0.05",
         "es.scale=nes"]  # the es section's default scale before it became the library's (llm)
 
 
@@ -38,7 +38,7 @@ def _strip_times(records):
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("reference")
-    return train(load_config(None, TINY), run_dir=run_dir)
+    return train(load_config(None, [*TINY, "run.plots=true"]), run_dir=run_dir)
 
 
 def test_run_directory_holds_everything(reference_run):
@@ -87,11 +87,12 @@ def test_evaluations_write_episode_traces(reference_run):
 
 
 def test_rerun_is_bit_identical(reference_run, tmp_path):
-    # run.traces only adds files: the run itself is the same with traces off
+    # run.traces and run.plots only add files: the run itself is the same with them off
     again = train(load_config(None, [*TINY, "run.traces=none"]), run_dir=tmp_path / "again")
     assert theta_moved(reference_run.records) and same_bits(reference_run.params, again.params)
     assert _strip_times(reference_run.records) == _strip_times(again.records)
-    assert not (tmp_path / "again" / "traces").exists()
+    assert not (tmp_path / "again" / "traces").exists() and not (tmp_path / "again" / "plots").exists()
+    assert (tmp_path / "again" / "summary.md").is_file()
 
 
 def _run_cli(*args, **kwargs):

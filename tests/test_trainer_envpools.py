@@ -23,7 +23,7 @@ from esjax.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["run.updates=2", "env.eval_goals=16", "es.population=4", "schedule.slots=4", "env.tasks_per_member=2",
-         "run.progress=false", "run.checkpoint_every=1", "run.keep_checkpoints=10"]
+         "run.progress=false", "run.plots=false", "run.checkpoint_every=1", "run.keep_checkpoints=10"]
 TIMING = {"wall_time", "seconds", "episodes_per_s", "tokens_per_s", "eval_seconds", "update_seconds"}
 
 

@@ -24,7 +24,7 @@ from esjax.run import main
 
 TINY = ["model.source=random", "run.updates=2", "run.eval_every=1", "run.checkpoint_every=1", "es.population=4",
         "schedule.slots=4", "env.eval_goals=4", "env.tasks_per_member=2", "env.num_products=100",
-        "env.max_steps=4", "run.progress=false", "es.sigma=0.05", "es.learning_rate=0.05",
+        "env.max_steps=4", "run.progress=false", "run.plots=false", "es.sigma=0.05", "es.learning_rate=0.05",
         "es.scale=nes"]  # the es section's default scale before it became the library's (llm)
 
 

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 # A tiny random policy on a 30-product synthetic shop; with one step per episode nothing can be bought, so
 # every member scores 0 and every cohort has equal fitness.
 SMALL = ["model.source=random", "env.num_products=30", "es.population=4", "schedule.slots=4",
-         "env.tasks_per_member=1", "env.eval_goals=2", "run.progress=false"]
+         "env.tasks_per_member=1", "env.eval_goals=2", "run.progress=false", "run.plots=false"]
 
 
 def _cli(argv: list[str]) -> int:

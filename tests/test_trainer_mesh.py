@@ -10,7 +10,7 @@ from conftest import theta_moved
 
 TINY = ["model.source=random", "run.updates=3", "run.eval_every=3", "run.checkpoint_every=3", "es.population=8",
         "schedule.slots=4", "env.eval_goals=4", "env.tasks_per_member=2", "env.num_products=100",
-        "env.max_steps=5", "run.progress=false", "es.sigma=0.05", "es.learning_rate=0.05",
+        "env.max_steps=5", "run.progress=false", "run.plots=false", "es.sigma=0.05", "es.learning_rate=0.05",
         "es.scale=nes"]  # the es section's default scale before it became the library's (llm)
 MESHES = ((2, 4), (8, 1))
 

@@ -16,8 +16,8 @@ from conftest import REPO, free_port
 
 # The embedded policy on the packaged real WebShop data (a random model scores 0 everywhere and θ would not move).
 TINY = ["run.updates=3", "run.eval_every=3", "run.checkpoint_every=1", "es.population=8", "schedule.slots=4",
-        "env.eval_goals=4", "env.tasks_per_member=2", "env.max_steps=5", "run.progress=false", "mesh.data=8",
-        "mesh.model=1"]
+        "env.eval_goals=4", "env.tasks_per_member=2", "env.max_steps=5", "run.progress=false", "run.plots=false",
+        "mesh.data=8", "mesh.model=1"]
 TIMING = {"wall_time", "seconds", "episodes_per_s", "tokens_per_s", "eval_seconds", "update_seconds"}
 FINAL_PARAMS = """
 import sys, jax, numpy as np
@@ -77,7 +77,7 @@ def test_two_processes_match_one_process_and_resume_after_a_kill(tmp_path, pytho
     two = tmp_path / "two"
     _wait(_job(child_env, [*_settings(*TINY, "mesh.distributed=true"), "--run-dir", str(two)], tmp_path, "two"),
           tmp_path, "two")
-    assert (two / "summary.md").is_file() and (two / "plots").is_dir()  # the primary wrote the run's files
+    assert (two / "summary.md").is_file()  # the primary wrote the run's summary
     v1, theta1 = _final(python_child, tmp_path, one)
     v2, theta2 = _final(python_child, tmp_path, two)
     assert v1 == v2 == 3

@@ -39,7 +39,7 @@ UPDATES = 5
 POPULATION = 4
 TASKS = 2
 BASE = [
-    "model.source=embedded", "run.progress=false", f"run.updates={UPDATES}", "run.eval_every=2",
+    "model.source=embedded", "run.progress=false", "run.plots=false", f"run.updates={UPDATES}", "run.eval_every=2",
     "run.checkpoint_every=1", "run.keep_checkpoints=100", f"es.population={POPULATION}", "es.rank=2",
     "es.sigma=0.2", "es.learning_rate=0.25", "es.scale=nes", "es.scope=all", "es.include=['norm/scale$']",
     "schedule.slots=4",
