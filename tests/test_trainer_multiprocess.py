@@ -11,20 +11,17 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 from conftest import REPO, free_port
+
+from esjax.parts import load_run
 
 # The embedded policy on the packaged real WebShop data (a random model scores 0 everywhere and θ would not move).
 TINY = ["run.updates=3", "run.eval_every=3", "run.checkpoint_every=1", "es.population=8", "schedule.slots=4",
         "env.eval_goals=4", "env.tasks_per_member=2", "env.max_steps=5", "run.progress=false", "run.plots=false",
         "mesh.data=8", "mesh.model=1"]
 TIMING = {"wall_time", "seconds", "episodes_per_s", "tokens_per_s", "eval_seconds", "update_seconds"}
-FINAL_PARAMS = """
-import sys, jax, numpy as np
-from esjax.parts import load_run
-_, _, params, version = load_run(sys.argv[1])
-np.savez(sys.argv[2], version=version, *[np.asarray(x) for x in jax.tree.leaves(params)])
-"""
 
 
 def _settings(*items: str) -> list[str]:
@@ -51,12 +48,10 @@ def _wait(procs: list[subprocess.Popen], tmp_path: Path, name: str, timeout: flo
         assert rc == 0, f"process {p} of {name} exited {rc}:\n" + (tmp_path / f"{name}{p}.err").read_text()[-3000:]
 
 
-def _final(python_child, tmp_path: Path, run_dir: Path) -> tuple[int, list[np.ndarray]]:
-    out = tmp_path / f"{run_dir.name}.npz"
-    python_child(FINAL_PARAMS, run_dir, out)
-    data = np.load(out)
-    leaves = sorted((k for k in data.files if k.startswith("arr_")), key=lambda s: int(s.split("_")[1]))
-    return int(data["version"]), [data[k] for k in leaves]
+def _final(run_dir: Path) -> tuple[int, list[np.ndarray]]:
+    """The version and θ of the run's latest checkpoint, restored in this (single-device) process."""
+    _, _, params, version = load_run(run_dir)
+    return version, [np.asarray(x) for x in jax.tree.leaves(params)]
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -78,8 +73,8 @@ def test_two_processes_match_one_process_and_resume_after_a_kill(tmp_path, pytho
     _wait(_job(child_env, [*_settings(*TINY, "mesh.distributed=true"), "--run-dir", str(two)], tmp_path, "two"),
           tmp_path, "two")
     assert (two / "summary.md").is_file()  # the primary wrote the run's summary
-    v1, theta1 = _final(python_child, tmp_path, one)
-    v2, theta2 = _final(python_child, tmp_path, two)
+    v1, theta1 = _final(one)
+    v2, theta2 = _final(two)
     assert v1 == v2 == 3
     _same(theta1, theta2)
     assert _records(one) == _records(two)
@@ -98,7 +93,7 @@ def test_two_processes_match_one_process_and_resume_after_a_kill(tmp_path, pytho
     done = [int(p.name) for p in (killed / "checkpoints").iterdir() if p.name.isdigit()]
     assert max(done) < 3, "the job finished before the kill: nothing was resumed"
     _wait(_job(child_env, ["--resume", str(killed)], tmp_path, "resumed"), tmp_path, "resumed")
-    v3, theta3 = _final(python_child, tmp_path, killed)
+    v3, theta3 = _final(killed)
     assert v3 == 3
     _same(theta2, theta3)
     assert _records(killed) == _records(two)
