@@ -33,7 +33,7 @@ def _job(child_env, argv: list[str], tmp_path: Path, name: str, heartbeat: int =
     port = free_port()
     procs = []
     for p in range(2):
-        env = child_env(ESJAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", ESJAX_NUM_PROCESSES="2",
+        env = child_env(fast=True, ESJAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", ESJAX_NUM_PROCESSES="2",
                         ESJAX_PROCESS_ID=str(p), ESJAX_CPU_DEVICES="4", ESJAX_INIT_TIMEOUT="120",
                         ESJAX_HEARTBEAT_TIMEOUT=str(heartbeat))
         procs.append(subprocess.Popen([sys.executable, "-m", "esjax.run", *argv], cwd=REPO, env=env,
@@ -67,7 +67,7 @@ def _same(a: list[np.ndarray], b: list[np.ndarray]) -> None:
 
 def test_two_processes_match_one_process_and_resume_after_a_kill(tmp_path, python_child, child_env):
     one = tmp_path / "one"
-    python_child(["-m", "esjax.run"], *_settings(*TINY), "--run-dir", one, devices=8, timeout=900)
+    python_child(["-m", "esjax.run"], *_settings(*TINY), "--run-dir", one, devices=8, fast=True, timeout=900)
 
     two = tmp_path / "two"
     _wait(_job(child_env, [*_settings(*TINY, "mesh.distributed=true"), "--run-dir", str(two)], tmp_path, "two"),
