@@ -146,7 +146,9 @@ def build_generate_agent(config: Config, policy: LoadedPolicy) -> GenerateAgent:
 def build_engine(config: Config, pool: EnvPool, agent: WebShopAgent | GenerateAgent, policy: LoadedPolicy,
                  es_config: ESConfig) -> RolloutEngine | GenerateEngine:
     """The rollout engine of ``agent.mode``: candidate scoring (score) or generation (generate)."""
-    sigma_at = lambda v: float(es_config.sigma_at(v))
+    # σ is a schedule evaluated on the device; float() waits for everything queued before it, so evaluated once
+    # per version (not per policy call) it no longer stalls the host until the previous call's program is done.
+    sigma_at = functools.lru_cache(maxsize=64)(lambda v: float(es_config.sigma_at(v)))
     a, env = config.agent, config.env
     if a.mode == "generate":
         from esjax.agent.lanes import Sampling

@@ -80,6 +80,8 @@ def test_empty_candidate_scores_zero_and_bad_ids_raise(model):
         score_candidates(config, params, [[1, config.vocab_size]], [[[1]]])
     with pytest.raises(ValueError, match=r"prompt_ids\[0\] is empty"):
         score_candidates(config, params, [[]], [[[1]]])
+    with pytest.raises(ValueError, match=r"candidate_ids\[1\]\[1\] has token id -1 outside the vocabulary"):
+        score_candidates(config, params, [[1], [2]], [[[1]], [[2], [3, -1]]])
 
 
 def test_scoring_compiles_one_program_per_bucket(model):

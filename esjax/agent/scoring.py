@@ -167,8 +167,12 @@ def dispatch_scores(config: ModelConfig, params: Any, prompt_ids: Sequence[Seque
     if rows == 0:
         return PendingScores(None, 0, [], norm, {})
     check_ids(prompt_ids, config.vocab_size, "prompt_ids")
-    for r, cands in enumerate(candidate_ids):
-        check_ids(cands, config.vocab_size, f"candidate_ids[{r}]", allow_empty=True)
+    try:  # one pass over every row's candidates; row by row only to name a bad one
+        check_ids([c for cands in candidate_ids for c in cands], config.vocab_size, "candidates", allow_empty=True)
+    except ValueError:
+        for r, cands in enumerate(candidate_ids):
+            check_ids(cands, config.vocab_size, f"candidate_ids[{r}]", allow_empty=True)
+        raise
     group = 1 if perturbation is None else perturbation.group_size
     rows_b = buckets.row(rows, multiple=group)
     plen = buckets.length(max(len(p) for p in prompt_ids))
