@@ -49,11 +49,14 @@ HEAVY_FIRST = ("test_trainer_multiprocess", "test_trainer", "test_generate_mode"
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: 1.5 workers per core. Many tests wait on child processes (CLI runs, simulated meshes,
-    multi-process jobs), so a third worker on 2 cores keeps them busy: the suite measured 5 min 25 s with 3
-    workers, 6 min 8 s – 6 min 48 s with 2 and 6 min 8 s with 4 on the idle 2-core AMD EPYC (warm XLA cache)."""
+    """``-n auto``: one worker per core on a fresh machine, 1.5 once the compilation cache holds programs. Cold, the
+    suite is XLA compiles (CPU-bound); warm, many tests wait on child processes (CLI runs, simulated meshes,
+    multi-process jobs) and a third worker on 2 cores keeps the cores busy. Measured on the idle 2-core AMD EPYC:
+    cold 13 min 36 s with 2 workers vs 15 min 5 s with 3; warm 5 min 25 s with 3 vs 6 min 8 s – 6 min 48 s with 2
+    (6 min 8 s with 4)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores + cores // 2)
+    warm = _CACHE.is_dir() and any(_CACHE.iterdir())
+    return max(1, cores + cores // 2 if warm else cores)
 
 
 def pytest_configure(config: pytest.Config) -> None:
