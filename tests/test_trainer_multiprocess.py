@@ -70,9 +70,10 @@ def test_two_processes_match_one_process_and_resume_after_a_kill(tmp_path, pytho
     python_child(["-m", "esjax.run"], *_settings(*TINY), "--run-dir", one, devices=8, fast=True, timeout=900)
 
     two = tmp_path / "two"
-    _wait(_job(child_env, [*_settings(*TINY, "mesh.distributed=true"), "--run-dir", str(two)], tmp_path, "two"),
-          tmp_path, "two")
-    assert (two / "summary.md").is_file()  # the primary wrote the run's summary
+    # plots on here only: run.plots adds files and changes no record, and the primary alone draws them
+    _wait(_job(child_env, [*_settings(*TINY, "mesh.distributed=true", "run.plots=true"), "--run-dir", str(two)],
+               tmp_path, "two"), tmp_path, "two")
+    assert (two / "summary.md").is_file() and (two / "plots").is_dir()  # the primary wrote the run's files
     v1, theta1 = _final(one)
     v2, theta2 = _final(two)
     assert v1 == v2 == 3
