@@ -101,10 +101,11 @@ def leaf_noise_sums(spec: NoiseSpec, leaves: list[tuple[str, Any]], draws: Draws
     """``Σ coef · draw`` (float32, the leaf's shape) for in-scope ``(path, leaf)`` pairs over :func:`chunked_draws`.
 
     Sums start from the parameters (θ·0, NaN-safe) so sharding propagation lays them out like θ instead of
-    replicating them; that start is formed inside the first chunk's ``lax.cond`` (a chunk whose coefficients
-    are all zero is skipped), so no float32 buffer of these leaves exists before the sums begin. ``after``: a
-    scalar that is never negative (the previous group's ``|update|²``, NaN included) and joins that ``cond``'s
-    predicate, so XLA cannot start these sums before it exists: groups of leaves run one after another.
+    replicating them; one ``lax.scan`` over the chunks holds the noise code once (a chunk whose coefficients are
+    all zero is skipped by a ``lax.cond``): a first chunk outside the loop would compile every threefry kernel
+    twice. ``after``: a scalar that is never negative (the previous group's ``|update|²``, NaN included) that
+    the starts depend on, so XLA cannot allocate or start these sums before it exists: groups of leaves run one
+    after another.
     """
     if not leaves or draws is None:
         return [_start(leaf) for _, leaf in leaves]
@@ -117,14 +118,9 @@ def leaf_noise_sums(spec: NoiseSpec, leaves: list[tuple[str, Any]], draws: Draws
         v, p, c = x
         return jax.lax.cond(jnp.any(c != 0), lambda a: add(a, v, p, c), lambda a: a, acc), None
 
-    v, p, c = (x[0] for x in draws)
-    go = jnp.any(c != 0) if after is None else jnp.any(c != 0) & ~(after < 0)
-    params = [leaf for _, leaf in leaves]
-    acc = jax.lax.cond(go, lambda ps: add([_start(x) for x in ps], v, p, c), lambda ps: [_start(x) for x in ps],
-                       params)
-    if draws[0].shape[0] > 1:
-        acc = jax.lax.scan(body, acc, tuple(x[1:] for x in draws))[0]
-    return acc
+    # `after < 0` never holds, but XLA cannot know: the starts (exactly θ·0) wait for the previous group.
+    starts = [_start(leaf if after is None else jnp.where(after < 0, 0, leaf)) for _, leaf in leaves]
+    return jax.lax.scan(body, starts, draws)[0]
 
 
 def _start(leaf: Any) -> jax.Array:
