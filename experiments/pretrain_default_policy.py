@@ -403,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     if args.quick:
-        args.demo_goals, args.steps, args.batch, args.eval_goals = 24, 4, 8, 0
+        args.demo_goals, args.steps, args.batch, args.eval_goals = 24, 2, 8, 0
     t0 = time.perf_counter()
     import jax
 
