@@ -285,15 +285,20 @@ def test_leaf_groups_fill_the_budget_in_order():
 
 
 _MOMENTUM = optax.sgd(0.2, momentum=0.9)
+#: Each config with the ``update_chunk_bytes`` budgets it is stepped with and the leaf groups each gives: every
+#: leaf alone (budget 0); once (each budget is another compile) also a group of two leaves beside one alone.
 GROUPED = {
-    "full-sgd-f32": ESConfig(noise=NoiseSpec(seed=1, mode="full", scope=Scope("all")), sigma=0.1, learning_rate=0.2),
-    "full-momentum-chunk2": ESConfig(noise=NoiseSpec(seed=1, mode="full", scope=Scope("all")), learning_rate=0.2,
-                                     optimizer=_MOMENTUM, per_leaf_optimizer=True, chunk_size=2),
-    "lowrank-sgd-decays": ESConfig(noise=NoiseSpec(seed=2, mode="lowrank", rank=2, scope=Scope("all")),
-                                   learning_rate=0.2, weight_decay=0.01, anchor_decay=0.5, scale="nes"),
-    "lowrank-sgd-bf16": ESConfig(noise=NoiseSpec(seed=2, mode="lowrank", rank=1), learning_rate=0.2, chunk_size=3),
-    "lowrank-adam": ESConfig(noise=NoiseSpec(seed=2, mode="lowrank", rank=1, scope=Scope("all")), learning_rate=0.2,
-                             optimizer="adam", weight_decay=0.01),
+    "full-sgd-f32": (ESConfig(noise=NoiseSpec(seed=1, mode="full", scope=Scope("all")), sigma=0.1,
+                              learning_rate=0.2), {0: 3}),
+    "full-momentum-chunk2": (ESConfig(noise=NoiseSpec(seed=1, mode="full", scope=Scope("all")), learning_rate=0.2,
+                                      optimizer=_MOMENTUM, per_leaf_optimizer=True, chunk_size=2), {0: 3}),
+    "lowrank-sgd-decays": (ESConfig(noise=NoiseSpec(seed=2, mode="lowrank", rank=2, scope=Scope("all")),
+                                    learning_rate=0.2, weight_decay=0.01, anchor_decay=0.5, scale="nes"),
+                           {0: 3, 35 * 4: 2}),
+    "lowrank-sgd-bf16": (ESConfig(noise=NoiseSpec(seed=2, mode="lowrank", rank=1), learning_rate=0.2, chunk_size=3),
+                         {0: 3}),
+    "lowrank-adam": (ESConfig(noise=NoiseSpec(seed=2, mode="lowrank", rank=1, scope=Scope("all")), learning_rate=0.2,
+                              optimizer="adam", weight_decay=0.01), {0: 3}),
 }
 
 
@@ -306,7 +311,7 @@ def test_grouped_update_equals_all_leaves_at_once(name):
     division by a scalar shared by the leaves of a program) differently depending on how many leaves share
     them, a value-changing rewrite (``(a / b) / c -> a / (b·c)`` or a reciprocal) this code cannot pin down.
     """
-    config = GROUPED[name]
+    config, budgets = GROUPED[name]
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), PARAMS) if name.endswith("bf16") else PARAMS
 
     def two_steps(budget):
@@ -317,9 +322,7 @@ def test_grouped_update_equals_all_leaves_at_once(name):
 
     whole, groups = two_steps(None)
     assert groups == 1
-    # every leaf alone; once (each budget is another compile) also a group of two leaves beside one alone
-    budgets = ((0, 3), (35 * 4, 2)) if name == "lowrank-sgd-decays" else ((0, 3),)
-    for budget, want_groups in budgets:
+    for budget, want_groups in budgets.items():
         got, groups = two_steps(budget)
         assert groups == want_groups
         for a, b in zip(got, whole):
