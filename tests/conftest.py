@@ -59,9 +59,43 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, cores + cores // 2 if warm else cores)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--compile-report", metavar="FILE", default=None,
+                     help="append a line per test to FILE (FILE.gwN under xdist): node id, wall seconds, XLA compile "
+                          "seconds and programs compiled in the test process (child processes not included)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if getattr(config.option, "dist", "no") == "loadscope":
         config.option.loadscopereorder = False  # the order below instead
+    if config.getoption("compile_report"):
+        import jax.monitoring
+
+        def listen(event: str, seconds: float, **_) -> None:
+            if event == "/jax/core/compile/backend_compile_duration":
+                _COMPILES[0] += seconds
+                _COMPILES[1] += 1
+        jax.monitoring.register_event_duration_secs_listener(listen)
+
+
+_COMPILES = [0.0, 0]  # XLA compile seconds and programs so far in this process
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """``--compile-report``: where a cold suite's time goes (setup and teardown included, module fixtures too)."""
+    path = item.config.getoption("compile_report")
+    if not path:
+        return (yield)
+    import time
+
+    start, (seconds, programs) = time.perf_counter(), _COMPILES
+    result = yield
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    with open(f"{path}.{worker}" if worker else path, "a", encoding="utf-8") as f:
+        f.write(f"{item.nodeid}\t{time.perf_counter() - start:.2f}\t{_COMPILES[0] - seconds:.2f}\t"
+                f"{_COMPILES[1] - programs}\n")
+    return result
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
