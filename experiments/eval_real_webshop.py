@@ -29,6 +29,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+def run_label(run_dir: Path) -> str:
+    """``cell/seed @ commit``: which run and which code (from its run.json), so a regenerated table needs no
+    hand-written note saying what its ES rows were measured with."""
+    try:
+        commit = json.loads((run_dir / "run.json").read_text(encoding="utf-8")).get("git_commit") or "?"
+    except (OSError, ValueError):
+        commit = "?"
+    return f"{run_dir.parent.name}/{run_dir.name} @ {commit[:7]}"
+
+
 def run_evals(run_dir: Path) -> tuple[dict, dict]:
     """(first, last) evaluation records of a run directory."""
     from esjax.metrics import read_metrics
@@ -93,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
         if first["goals"] != len(goals):
             raise SystemExit(f"{run}: evaluated {first['goals']} goals, this table uses {len(goals)}")
         deltas.append(last["score"] - first["score"])
-        rows.append({"policy": f"after ES: {run.name} (v{last['version']}; before: {first['score']:.1f})",
+        rows.append({"policy": f"after ES: {run_label(run)} (v{last['version']}; before: {first['score']:.1f})",
                      "score": last["score"], "success_rate": last["success_rate"]})
     out = {"data": str(args.data), "split": args.split, "goals": len(goals), "max_steps": args.max_steps,
            "rows": rows, "machine": machine_info()}
@@ -107,13 +117,21 @@ def main(argv: list[str] | None = None) -> dict:
     if deltas:
         d = out["es_delta"]
         lines += ["", f"ES Δ score over {len(deltas)} runs: {', '.join(f'{x:+.1f}' for x in deltas)}; mean "
-                      f"{d['mean']:+.2f}, paired 95% t interval [{d['ci95'][0]:+.2f}, {d['ci95'][1]:+.2f}]"]
+                      f"{d['mean']:+.2f}, paired 95% t interval [{d['ci95'][0]:+.2f}, {d['ci95'][1]:+.2f}] "
+                      f"({sum(x > 0 for x in deltas)} of {len(deltas)} runs improve)"]
     text = "\n".join(lines)
     print(text)
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     if args.markdown:
-        args.markdown.write_text(text + "\n")
+        m = out["machine"]
+        command = " ".join(["python experiments/eval_real_webshop.py", *(argv if argv is not None else sys.argv[1:])])
+        header = ["# Baselines on WebShop's real held-out goals", "",
+                  f"Written on {time.strftime('%d %b %Y')} ({m['cpu']}, {m['cores']} cores) by", "", "```bash",
+                  command, "```", "",
+                  "An ES row names its run directory and the commit the run was made at (its run.json); the "
+                  "reference rows and the shipped policy are evaluated by this command.", ""]
+        args.markdown.write_text("\n".join([*header, text]) + "\n")
     return out
 
 

@@ -79,3 +79,35 @@ def test_jobs_runs_every_shard_once(tmp_path, capfd):
     assert listed == expected
     with pytest.raises(SystemExit):
         staleness_grid.main([*args, "--jobs", "2", "--shard", "0/2"])
+
+
+def test_baselines_table_names_each_es_run_and_its_commit(tmp_path):
+    """experiments/eval_real_webshop.py: reference rows and the shipped policy on real test goals, one row per ES
+    run labelled with its directory and the commit in its run.json, the paired Δ line, and a header that says
+    which command wrote the file (so a regenerated table needs no hand-written note)."""
+    import json
+
+    from experiments import eval_real_webshop
+
+    runs = []
+    for seed, (before, after) in enumerate([(60.0, 62.5), (60.0, 61.0)]):
+        run = tmp_path / "async-K1" / f"seed{seed}"
+        run.mkdir(parents=True)
+        (run / "run.json").write_text(json.dumps({"git_commit": f"{seed}abcdef0123"}))
+        (run / "metrics.jsonl").write_text("".join(
+            json.dumps({"kind": "eval", "version": v, "score": s, "success_rate": 0.02, "goals": 3}) + "\n"
+            for v, s in ((0, before), (2, after))))
+        runs.append(str(run))
+    md = tmp_path / "baselines.md"
+    out = eval_real_webshop.main(["--goals", "3", "--runs", *runs, "--markdown", str(md)])
+    text = md.read_text()
+    assert text.startswith("# Baselines on WebShop's real held-out goals")
+    assert "```bash\npython experiments/eval_real_webshop.py --goals 3 --runs" in text
+    assert "| after ES: async-K1/seed0 @ 0abcdef (v2; before: 60.0) | 62.5 | 2.0% |" in text
+    assert "async-K1/seed1 @ 1abcdef" in text
+    assert out["es_delta"]["per_run"] == [2.5, 1.0] and "(2 of 2 runs improve)" in text
+    names = [r["policy"] for r in out["rows"]]
+    assert names[:5] == ["random clicking", "rule: first hit, buy",
+                         "rule: first hit + options named in the instruction, buy",
+                         "oracle (knows the target product)", "shipped policy (greedy)"]
+    assert out["rows"][3]["score"] > out["rows"][0]["score"]  # the oracle beats random clicking on real goals
