@@ -32,10 +32,9 @@ if str(ROOT) not in sys.path:
 def run_label(run_dir: Path) -> str:
     """``cell/seed @ commit``: which run and which code (from its run.json), so a regenerated table needs no
     hand-written note saying what its ES rows were measured with."""
-    try:
-        commit = json.loads((run_dir / "run.json").read_text(encoding="utf-8")).get("git_commit") or "?"
-    except (OSError, ValueError):
-        commit = "?"
+    from esjax.rundir import read_run_info
+
+    commit = (read_run_info(run_dir) or {}).get("git_commit") or "?"
     return f"{run_dir.parent.name}/{run_dir.name} @ {commit[:7]}"
 
 
