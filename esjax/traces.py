@@ -103,3 +103,53 @@ def write_traces(path: str | Path, lines: Iterable[dict[str, Any]]) -> Path:
 
 def read_traces(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+#: Buttons of WebShop's pages (lower-cased, as in ``click[...]``); any other click is a product or an option value.
+_BUTTONS = frozenset({"buy now", "< prev", "back to search", "next >", "description", "features", "reviews",
+                      "search"})
+
+
+def _is_product(target: str) -> bool:
+    """A results-page click on a product: WebShop's ASINs are 10 letters or digits (``b07xyz1234``)."""
+    return len(target) == 10 and target.isalnum() and any(ch.isdigit() for ch in target)
+
+
+def behaviour(lines: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """What a greedy agent did, from an evaluation's trace lines: per episode, searches, products opened and
+    option clicks; option clicks per item page; the share of item pages with at least one option click; buys on
+    the first item page; buys, step-cap hits. This is what tells a score change apart: a higher score from
+    choosing options shows here as option clicks, one from better products as fewer item pages per buy."""
+    episodes = searches = opened = options = pages_with_option = bought = first_page_buys = capped = steps = 0
+    for line in lines:
+        episodes += 1
+        steps += int(line.get("steps", 0))
+        capped += line.get("end") == "max_steps"
+        opened_here, clicked_option = 0, False
+        for action, _ in line.get("actions", []):
+            if action.startswith("search["):
+                searches += 1
+                continue
+            if not (action.startswith("click[") and action.endswith("]")):
+                continue
+            target = action[len("click["):-1].lower()
+            if target == "buy now":
+                bought += 1
+                first_page_buys += opened_here == 1
+            elif target in _BUTTONS:
+                continue
+            elif _is_product(target):
+                pages_with_option += clicked_option
+                opened_here += 1
+                opened += 1
+                clicked_option = False
+            else:
+                options += 1
+                clicked_option = True
+        pages_with_option += clicked_option
+    n = max(episodes, 1)
+    return {"episodes": episodes, "searches_per_episode": searches / n, "item_pages_per_episode": opened / n,
+            "option_clicks_per_item_page": options / max(opened, 1),
+            "item_pages_with_option_click": pages_with_option / max(opened, 1),
+            "bought": bought / n, "bought_on_first_item_page": first_page_buys / n, "step_cap_hits": capped / n,
+            "steps_per_episode": steps / n}

@@ -1,0 +1,140 @@
+"""The learning study: which ES settings move the shipped policy on real WebShop, chosen on the eval split.
+
+Each named setting is a list of config overrides on top of ``configs/default.yaml``; every (setting, seed) is one
+trainer run, greedy-evaluated on WebShop's **eval** split (goals 500–1,499 after the seed-233 shuffle; the
+first ``env.eval_goals`` of them) before and after training. The 500 test goals are never touched here: they
+score only the setting this study freezes (``configs/default.yaml``, run with seeds 0–7).
+
+Runs go in ``OUT/<setting>/seed<s>/``. A finished run keeps its records (``config.yaml``, ``run.json``,
+``metrics.jsonl``, ``summary.md``, ``behaviour.json``: what the greedy agent did before and after, measured from
+the evaluation traces) and drops its checkpoints and raw traces (large, and re-made by re-running the seed). A run
+directory holding ``summary.md`` is done and skipped, so the study can be stopped and continued::
+
+    python experiments/learning_study.py --settings norms,norms-N32 --seeds 1000,1001,1002
+    python experiments/learning_study.py --list
+    python experiments/learning_study.py --report experiments/results/learning.md
+
+Runs are ordered seed-major (every setting at the first seed, then at the next) so a study cut short still
+compares every setting on the same seeds. All runs of one process share its compiled programs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+DEFAULT_OUT = REPO / "experiments" / "results" / "learning"
+BASE = REPO / "configs" / "default.yaml"
+
+#: Every run of the study: the eval split, no plots, no mid-run evaluation (before and after only).
+COMMON = ["env.eval_split=eval", "env.eval_goals=500", "run.plots=false", "run.progress=false", "run.traces=eval",
+          "run.checkpoint_every=1000", "run.keep_checkpoints=1"]
+
+NORMS = ["es.scope=all", "es.include=['norm/scale$']", "es.exclude=[]"]
+KERNELS = ["es.scope=matrices", "es.include=['/kernel$']", "es.exclude=[]"]
+EVERY_MATRIX = ["es.scope=matrices", "es.include=[]", "es.exclude=[]"]
+
+#: name -> (what it tests, overrides). ``updates`` defaults to configs/default.yaml's 30.
+SETTINGS: dict[str, tuple[str, list[str]]] = {
+    "norms": ("configs/default.yaml as shipped (norm scales, σ 0.2, lr 0.25, N 16, 16 goals, 30 updates)", NORMS),
+    "norms-N32": ("N = 32 (16 antithetic pairs), 32 slots", [*NORMS, "es.population=32", "schedule.slots=32"]),
+    "norms-goals32": ("32 train goals per member", [*NORMS, "env.tasks_per_member=32"]),
+    "norms-lr0.5": ("learning rate 0.5", [*NORMS, "es.learning_rate=0.5"]),
+    "norms-sigma0.1": ("σ 0.1", [*NORMS, "es.sigma=0.1"]),
+    "norms-60u-sigma-cos": ("60 updates, σ cosine 0.2 → 0.05", [*NORMS, "run.updates=60", "es.sigma_final=0.05",
+                                                                "es.sigma_schedule=cosine"]),
+    "norms-adam": ("Adam (lr 0.02)", [*NORMS, "es.optimizer.kind=adam", "es.learning_rate=0.02"]),
+    "norms-zscore": ("z-score shaping instead of centered ranks", [*NORMS, "es.shaping=z_score"]),
+    "norms-T1": ("sampling temperature 1.0 in training rollouts", [*NORMS, "agent.temperature=1.0"]),
+    "kernels-r1-s0.01": ("every kernel, low-rank r = 1, σ 0.01, lr 0.002",
+                         [*KERNELS, "es.rank=1", "es.sigma=0.01", "es.learning_rate=0.002"]),
+    "kernels-r4-s0.01": ("every kernel, low-rank r = 4, σ 0.01, lr 0.002",
+                         [*KERNELS, "es.rank=4", "es.sigma=0.01", "es.learning_rate=0.002"]),
+    "kernels-r1-s0.003": ("every kernel, low-rank r = 1, σ 0.003, lr 0.0005",
+                          [*KERNELS, "es.rank=1", "es.sigma=0.003", "es.learning_rate=0.0005"]),
+    "matrices-r1-s0.01": ("every weight matrix incl. the tied embedding, r = 1, σ 0.01, lr 0.002",
+                          [*EVERY_MATRIX, "es.rank=1", "es.sigma=0.01", "es.learning_rate=0.002"]),
+}
+
+
+def run_dir_of(out: Path, setting: str, seed: int) -> Path:
+    return out / setting / f"seed{seed}"
+
+
+def is_finished(run_dir: Path) -> bool:
+    return (run_dir / "summary.md").is_file()
+
+
+def finish_records(run_dir: Path) -> dict:
+    """Behaviour before/after from the evaluation traces into ``behaviour.json``; drop checkpoints and traces."""
+    from esjax.traces import behaviour, read_traces
+
+    out = {}
+    for path in sorted((run_dir / "traces").glob("eval-v*.jsonl")):
+        version = int(path.stem.split("-v")[1])
+        out[str(version)] = behaviour(read_traces(path))
+    (run_dir / "behaviour.json").write_text(json.dumps(out, indent=1) + "\n")
+    for name in ("checkpoints", "traces", "plots"):
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+    return out
+
+
+def run_one(setting: str, seed: int, run_dir: Path) -> dict:
+    from esjax.config import load_config
+    from esjax.trainer import train
+
+    overrides = [*SETTINGS[setting][1], *COMMON, f"run.seed={seed}", f"run.name={setting}-seed{seed}"]
+    config = load_config(BASE, overrides)
+    overrides.append(f"run.eval_every={config.run.updates}")
+    config = load_config(BASE, overrides)
+    started = time.perf_counter()
+    result = train(config, run_dir=run_dir, resume=False, overrides=overrides)
+    seconds = time.perf_counter() - started
+    finish_records(run_dir)
+    evals = [r for r in result.records if r.get("kind") == "eval"]
+    status = {"setting": setting, "seed": seed, "seconds": seconds, "before": evals[0]["score"],
+              "after": evals[-1]["score"], "overrides": overrides}
+    (run_dir / "study.json").write_text(json.dumps(status, indent=1) + "\n")
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated setting names")
+    parser.add_argument("--seeds", default="1000,1001,1002", help="comma-separated seeds (>= 1000: never the "
+                                                                 "Done-means seeds 0-7)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--list", action="store_true", help="print the runs and their state, then exit")
+    args = parser.parse_args(argv)
+    names = [s.strip() for s in args.settings.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SETTINGS]
+    if unknown:
+        raise SystemExit(f"--settings: unknown {', '.join(unknown)} (known: {', '.join(SETTINGS)})")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    runs = [(name, seed) for seed in seeds for name in names]
+    if args.list:
+        for name, seed in runs:
+            print(f"{'done' if is_finished(run_dir_of(args.out, name, seed)) else 'todo'}  {name}  seed{seed}")
+        return 0
+    todo = [(n, s) for n, s in runs if not is_finished(run_dir_of(args.out, n, s))]
+    print(f"learning study: {len(runs)} runs, {len(todo)} to run", flush=True)
+    for i, (name, seed) in enumerate(todo, 1):
+        run_dir = run_dir_of(args.out, name, seed)
+        if run_dir.exists():  # an interrupted run starts over (its records would be partial)
+            shutil.rmtree(run_dir)
+        status = run_one(name, seed, run_dir)
+        print(f"[{i}/{len(todo)}] {name} seed{seed}: {status['before']:.1f} -> {status['after']:.1f} "
+              f"({status['after'] - status['before']:+.1f}) in {status['seconds']:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
