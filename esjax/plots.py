@@ -316,11 +316,37 @@ def _interval(point: dict[str, Any], name: str, scale: float, unit: str) -> str:
     return f"[{scale * low:.1f}{unit}, {scale * high:.1f}{unit}]"
 
 
+#: Rows of summary.md's behaviour table: (key of :func:`esjax.traces.behaviour`, label, format).
+BEHAVIOUR_ROWS = (("searches_per_episode", "searches per episode", "{:.2f}"),
+                  ("item_pages_per_episode", "item pages opened per episode", "{:.2f}"),
+                  ("option_clicks_per_item_page", "option clicks per item page", "{:.2f}"),
+                  ("item_pages_with_option_click", "item pages with an option click", "{:.1%}"),
+                  ("bought_on_first_item_page", "bought on the first item page", "{:.1%}"),
+                  ("bought", "bought", "{:.1%}"),
+                  ("step_cap_hits", "step-cap hits", "{:.1%}"),
+                  ("steps_per_episode", "steps per episode", "{:.2f}"))
+
+
+def behaviour_lines(behaviour: dict[int, dict[str, float]]) -> list[str]:
+    """The greedy agent's behaviour at the first and the last traced evaluation (what a score change was made of)."""
+    if not behaviour:
+        return []
+    first, last = min(behaviour), max(behaviour)
+    versions = [first] if first == last else [first, last]
+    lines = ["What the greedy agent did (from the evaluation traces):", "",
+             "| | " + " | ".join(f"v{v}" for v in versions) + " |", "|---|" + "---|" * len(versions)]
+    for key, label, fmt in BEHAVIOUR_ROWS:
+        lines.append(f"| {label} | " + " | ".join(fmt.format(behaviour[v][key]) for v in versions) + " |")
+    return [*lines, ""]
+
+
 def write_summary(records: list[dict[str, Any]], out_path: str | Path, title: str,
-                  run_info: dict[str, Any] | None = None) -> str:
+                  run_info: dict[str, Any] | None = None,
+                  behaviour: dict[int, dict[str, float]] | None = None) -> str:
     """A short markdown summary: every evaluation (score, success rate, their 95% intervals where the record has
-    them or its per-goal rewards), updates, acceptance, staleness, warnings, and (from
-    ``run_info``, the run's run.json) the commit, overrides and machine."""
+    them or its per-goal rewards), the agent's ``behaviour`` (version -> :func:`esjax.traces.behaviour`) at the
+    first and last evaluation, updates, acceptance, staleness, warnings, and (from ``run_info``, the run's
+    run.json) the commit, overrides and machine."""
     evals = eval_points(records)
     goals = {r["version"]: r.get("goals") for r in records if r.get("kind") == "eval" and "version" in r}
     updates = [r for r in records if r.get("kind") == "update"]
@@ -340,6 +366,7 @@ def write_summary(records: list[dict[str, Any]], out_path: str | Path, title: st
             first, last = evals[0], evals[-1]
             lines += [f"Δ score: {last['score'] - first['score']:+.1f} on {goals.get(last['x'], '?')} held-out "
                       "goals.", ""]
+    lines += behaviour_lines(behaviour or {})
     if updates:
         last = updates[-1]
         counts = lag_counts(records)

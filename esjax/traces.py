@@ -153,3 +153,12 @@ def behaviour(lines: Iterable[dict[str, Any]]) -> dict[str, float]:
             "item_pages_with_option_click": pages_with_option / max(opened, 1),
             "bought": bought / n, "bought_on_first_item_page": first_page_buys / n, "step_cap_hits": capped / n,
             "steps_per_episode": steps / n}
+
+
+def traced_behaviour(traces_dir: str | Path) -> dict[int, dict[str, float]]:
+    """:func:`behaviour` of the first and the last ``eval-v<version>.jsonl`` in a run's traces folder, by version."""
+    files = {int(p.stem.split("-v")[1]): p for p in Path(traces_dir).glob("eval-v*.jsonl")
+             if p.stem.split("-v")[1].isdigit()}
+    if not files:
+        return {}
+    return {v: behaviour(read_traces(files[v])) for v in sorted({min(files), max(files)})}

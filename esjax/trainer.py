@@ -155,12 +155,14 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
         summary = None
         if primary:
             from esjax.plots import write_plots, write_summary
+            from esjax.traces import traced_behaviour
 
             run_info = read_run_info(run_dir)
             if config.run.plots:
                 write_plots(records, run_dir / "plots", plot_title(config, run_info))
             summary = write_summary(records, run_dir / "summary.md",
-                                    f"{config.run.name}: {config.schedule.kind} ES", run_info=run_info)
+                                    f"{config.run.name}: {config.schedule.kind} ES", run_info=run_info,
+                                    behaviour=traced_behaviour(run_dir / "traces"))
         failed = False
     except OSError as err:  # a full or read-only disk under the run directory: stop, keep the last checkpoint
         raise StorageError(f"{run_dir}: cannot write the run ({storage_reason(err)}); stopped at version "

@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from esjax.inflight import Evaluation
+from esjax.plots import behaviour_lines
 from esjax.stats import Z975, eval_intervals, score_interval, t975, wilson_interval
-from esjax.traces import SNIPPET_CHARS, TraceRecorder, snippet
+from esjax.traces import SNIPPET_CHARS, TraceRecorder, behaviour, snippet, traced_behaviour, write_traces
 
 INSTRUCTION = "i need a red wool scarf, and price lower than 30.00 dollars"
 
@@ -90,3 +91,40 @@ def test_eval_intervals():
     record = eval_intervals([1.0, 0.0, 0.25])
     assert record["score_ci_low"] < 100 * 1.25 / 3 < record["score_ci_high"]
     assert 0 < record["success_ci_low"] < 1 / 3 < record["success_ci_high"] < 1
+
+
+def _line(actions, end="bought", steps=None):
+    return {"actions": [[a, ""] for a in actions], "end": end, "steps": len(actions) if steps is None else steps}
+
+
+def test_behaviour_counts_what_the_agent_did():
+    lines = [
+        # searched, opened one product, chose two options, bought: both options on the first item page
+        _line(["search[red scarf]", "click[b07abc1234]", "click[red]", "click[large]", "click[buy now]"]),
+        # opened a product, went back, opened another and bought at once
+        _line(["search[red scarf]", "click[b07abc1234]", "click[< prev]", "click[b01xyz9876]", "click[buy now]"]),
+        # paged and ran into the step cap without buying
+        _line(["search[red scarf]", "click[next >]", "click[b07abc1234]", "click[description]"], end="max_steps",
+              steps=15),
+    ]
+    b = behaviour(lines)
+    assert b["episodes"] == 3 and b["searches_per_episode"] == 1.0
+    assert b["item_pages_per_episode"] == pytest.approx(4 / 3)
+    assert b["option_clicks_per_item_page"] == pytest.approx(2 / 4)
+    assert b["item_pages_with_option_click"] == pytest.approx(1 / 4)
+    assert b["bought"] == pytest.approx(2 / 3) and b["bought_on_first_item_page"] == pytest.approx(1 / 3)
+    assert b["step_cap_hits"] == pytest.approx(1 / 3)
+    assert b["steps_per_episode"] == pytest.approx((5 + 5 + 15) / 3)
+    assert behaviour([])["episodes"] == 0
+
+
+def test_summary_behaviour_table_reads_the_first_and_last_traces(tmp_path):
+    write_traces(tmp_path / "eval-v0.jsonl", [_line(["search[x]", "click[b07abc1234]", "click[buy now]"])])
+    write_traces(tmp_path / "eval-v15.jsonl", [_line(["search[x]", "click[b07abc1234]", "click[buy now]"])])
+    write_traces(tmp_path / "eval-v30.jsonl", [_line(["search[x]", "click[b07abc1234]", "click[red]",
+                                                      "click[buy now]"])])
+    found = traced_behaviour(tmp_path)
+    assert sorted(found) == [0, 30]
+    text = "\n".join(behaviour_lines(found))
+    assert "| | v0 | v30 |" in text and "| option clicks per item page | 0.00 | 1.00 |" in text
+    assert traced_behaviour(tmp_path / "missing") == {} and behaviour_lines({}) == []
