@@ -45,6 +45,9 @@ def test_parse_takes_the_first_action_in_webshop_grammar():
     assert agent.parse("search[Red Shirt]") == ("search[Red Shirt]", "search[Red Shirt]", True)
     assert agent.parse("Thought: cheap one.\nAction: Click[B01 XYZ] and more")[1:] == ("click[B01 XYZ]", True)
     assert agent.parse("Thought: x\nAction: click[buy now]\n")[0] == "Thought: x\nAction: click[buy now]"
+    # arguments as written, as WebShop takes them: `search[ ]` searches for ' ', `click[ buy now ]` is not Buy Now
+    assert agent.parse("search[ ]")[1:] == ("search[ ]", True)
+    assert agent.parse("Action: click[ buy now ]")[1:] == ("click[ buy now ]", True)
     reply, action, parsed = agent.parse("I would buy it\nsecond line")
     assert (action, parsed) == ("I would buy it", False)  # sent as it is: the env's no-op
     assert agent.complete("click[next >]") and not agent.complete("click[next >")

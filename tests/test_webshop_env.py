@@ -205,3 +205,17 @@ def test_parse_action_equals_webshop_regex(action):
     m = re.match(_WEBSHOP_PATTERN, action)
     expected = (action, None) if m is None else m.groups()
     assert parse_action(action) == expected
+
+
+def test_spaces_inside_brackets_are_part_of_the_argument(env):
+    """WebShop keeps an action's argument as written: `click[ buy now ]` is no Buy Now and `search[ ]` searches for
+    ' ' (the generate agent's parser passes such actions through unchanged, see test_generate_mode.py)."""
+    env.step("search[sneaker]")
+    env.step("click[b000000003]")
+    obs, reward, done, info = env.step("click[ buy now ]")
+    assert (done, info["valid"]) == (False, False) and "not clickable" in info["invalid_reason"]
+    obs, reward, done, info = env.step("click[buy now]")
+    assert done and info["valid"]
+    env.reset(0)
+    obs, reward, done, info = env.step("search[ ]")
+    assert info["valid"] and info["action_arg"] == " " and "Back to Search" in obs

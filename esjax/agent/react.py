@@ -118,7 +118,9 @@ class GenerateAgent:
         if match is None:
             raw = text.strip().split("\n", 1)[0][:MAX_RAW_ACTION_CHARS]
             return text.strip()[: 4 * MAX_RAW_ACTION_CHARS], raw, False
-        name, arg = match.group(1).lower(), match.group(2).strip()
+        # The argument is kept as written, spaces included: WebShop searches for ``' '`` on ``search[ ]`` and
+        # refuses ``click[ buy now ]`` (``' buy now '`` is not a clickable); stripping would change both.
+        name, arg = match.group(1).lower(), match.group(2)
         return text[: match.end()].strip(), f"{name}[{arg}]", True
 
     # -------------------------------------------------------------------------------------------- memory
