@@ -112,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         shop, policy, params, version = load_run(args.run_dir, config)
         what = f"{args.run_dir} (version {version})"
     else:
+        if not Path(args.model).expanduser().is_dir():
+            raise UserError(f"--model {args.model}: not a directory (an HF folder with config.json, "
+                            "model.safetensors and tokenizer.json is expected)")
         found = None if args.ignore_run_settings else read_run_settings(args.model)
         if args.config:
             for keys in key_paths(read_yaml(args.config)):

@@ -119,6 +119,8 @@ def default_run_dir(config: Config) -> Path:
 def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Config:
     """The config a run was started with (``--set`` may change only non-structural keys)."""
     path = Path(run_dir) / CONFIG_FILE
+    if not Path(run_dir).exists():
+        raise ConfigError(f"{run_dir}: does not exist")
     if not path.is_file():
         raise ConfigError(f"{path}: not a run directory (no {CONFIG_FILE})")
     return load_config(path, overrides)

@@ -68,9 +68,12 @@ def test_bad_file_errors_name_the_file(tmp_path):
     [
         ("esjax.run", ["--set", "es.population=7"], "es.population"),
         ("esjax.run", ["--set", "broken"], "broken"),
-        ("esjax.eval", ["--run-dir", "/nonexistent/run"], "/nonexistent/run/config.yaml: not a run directory"),
+        ("esjax.eval", ["--run-dir", "/nonexistent/run"], "/nonexistent/run: does not exist"),
+        ("esjax.eval", ["--run-dir", "/"], "/config.yaml: not a run directory"),
+        ("esjax.eval", ["--model", "/nonexistent"], "--model /nonexistent: not a directory"),
+        ("esjax.run", ["--resume", "/nothere"], "/nothere: does not exist"),
         ("esjax.export", ["--run-dir", "/nonexistent/run", "--out", "/nonexistent/hf"],
-         "/nonexistent/run/config.yaml: not a run directory"),
+         "/nonexistent/run: does not exist"),
     ],
 )
 def test_cli_exits_with_one_line_and_no_traceback(module, args, key):
