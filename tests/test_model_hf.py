@@ -116,6 +116,8 @@ def test_export_round_trip(checkpoint, tmp_path):
     # a tiny shard limit forces the sharded layout (and its index) on both write and read
     out = hf.export_pretrained(tmp_path / "export", config, params, source_dir=path, max_shard_bytes=40_000)
     assert (out / hf.WEIGHTS_INDEX_FILE).is_file() and (out / hf.TOKENIZER_FILE).is_file()
+    modes = {f.name: f.stat().st_mode & 0o777 for f in out.iterdir()}  # weights as readable as their siblings
+    assert len(set(modes.values())) == 1, modes
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
     tokens = np.random.RandomState(2).randint(0, config.vocab_size, (2, 24))
     assert np.abs(_hf_logits(reloaded, tokens) - _hf_logits(model, tokens)).max() <= 1e-5

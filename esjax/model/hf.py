@@ -399,13 +399,21 @@ def export_pretrained(out_dir: str | os.PathLike, config: ModelConfig, params: A
     for stale in (WEIGHTS_FILE, WEIGHTS_INDEX_FILE):
         if (out / stale).exists():
             (out / stale).unlink()
+    def save(tensors: dict, path: Path) -> None:
+        # safetensors writes through a private temporary file (mode 600); give the weights the mode every other
+        # file of the folder gets (0666 less the umask), so whoever can read the folder can load the model.
+        save_file(tensors, str(path), metadata={"format": "pt"})
+        umask = os.umask(0)
+        os.umask(umask)
+        path.chmod(0o666 & ~umask)
+
     if len(shards) == 1:
-        save_file(shards[0], str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+        save(shards[0], out / WEIGHTS_FILE)
     else:
         weight_map = {}
         for i, shard in enumerate(shards):
             file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(out / file), metadata={"format": "pt"})
+            save(shard, out / file)
             weight_map.update({name: file for name in shard})
         index = {"metadata": {"total_size": int(sum(sizes))}, "weight_map": weight_map}
         (out / WEIGHTS_INDEX_FILE).write_text(json.dumps(index, indent=2), encoding="utf-8")
