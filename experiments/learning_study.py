@@ -56,6 +56,8 @@ SETTINGS: dict[str, tuple[str, list[str]]] = {
     "norms-T1": ("sampling temperature 1.0 in training rollouts", [*NORMS, "agent.temperature=1.0"]),
     "kernels-r1-s0.01": ("every kernel, low-rank r = 1, σ 0.01, lr 0.002",
                          [*KERNELS, "es.rank=1", "es.sigma=0.01", "es.learning_rate=0.002"]),
+    "kernels-r1-s0.03": ("every kernel, low-rank r = 1, σ 0.03, lr 0.003",
+                         [*KERNELS, "es.rank=1", "es.sigma=0.03", "es.learning_rate=0.003"]),
     "kernels-r4-s0.01": ("every kernel, low-rank r = 4, σ 0.01, lr 0.002",
                          [*KERNELS, "es.rank=4", "es.sigma=0.01", "es.learning_rate=0.002"]),
     "kernels-r1-s0.003": ("every kernel, low-rank r = 1, σ 0.003, lr 0.0005",
