@@ -12,7 +12,7 @@ directory holding ``summary.md`` is done and skipped, so the study can be stoppe
 
     python experiments/learning_study.py --settings norms,norms-N32 --seeds 1000,1001,1002
     python experiments/learning_study.py --list
-    python experiments/learning_study.py --report experiments/results/learning.md
+    python experiments/learning_study.py --report           # the tables of learning.md, from the records alone
 
 Runs are ordered seed-major (every setting at the first seed, then at the next) so a study cut short still
 compares every setting on the same seeds. All runs of one process share its compiled programs.
@@ -26,6 +26,8 @@ import shutil
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -108,6 +110,71 @@ def run_one(setting: str, seed: int, run_dir: Path) -> dict:
     return status
 
 
+BEHAVIOUR_KEYS = (("option_clicks_per_item_page", "option clicks / item page", "{:.2f}"),
+                  ("item_pages_with_option_click", "item pages with an option click", "{:.0%}"),
+                  ("item_pages_per_episode", "item pages / episode", "{:.2f}"),
+                  ("step_cap_hits", "step-cap hits", "{:.1%}"))
+
+
+def collect(out: Path) -> dict[str, list[dict]]:
+    """Every finished run under ``out``, by setting: seed, scores, success, seconds, commit, behaviour."""
+    found: dict[str, list[dict]] = {}
+    for status_file in sorted(out.glob("*/seed*/study.json")):
+        run_dir = status_file.parent
+        status = json.loads(status_file.read_text())
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        evals = [r for r in records if r.get("kind") == "eval"]
+        info = json.loads((run_dir / "run.json").read_text())
+        behaviour = json.loads((run_dir / "behaviour.json").read_text())
+        versions = sorted(behaviour, key=int)
+        found.setdefault(status["setting"], []).append({
+            "seed": status["seed"], "before": evals[0]["score"], "after": evals[-1]["score"],
+            "success_before": evals[0]["success_rate"], "success_after": evals[-1]["success_rate"],
+            "seconds": status["seconds"], "commit": (info.get("git_commit") or "?")[:7],
+            "behaviour": (behaviour[versions[0]], behaviour[versions[-1]])})
+    return found
+
+
+def report(out: Path) -> str:
+    """learning.md's tables, regenerated from the run records under ``out`` alone."""
+    from esjax.stats import t975
+
+    found = collect(out)
+    order = [name for name in SETTINGS if name in found] + sorted(set(found) - set(SETTINGS))
+    lines = ["| setting | seeds | before → after (mean) | Δ mean [95% CI] | per seed Δ | success before → after | "
+             "min / run | commit |", "|---|---|---|---|---|---|---|---|"]
+    for name in order:
+        runs = sorted(found[name], key=lambda r: r["seed"])
+        deltas = np.array([r["after"] - r["before"] for r in runs])
+        n = len(runs)
+        if n >= 2:
+            half = t975(n - 1) * deltas.std(ddof=1) / np.sqrt(n)
+            ci = f"[{deltas.mean() - half:+.1f}, {deltas.mean() + half:+.1f}]"
+        else:
+            ci = "(one seed)"
+        seeds = ",".join(str(r["seed"]) for r in runs)
+        commits = ",".join(sorted({r["commit"] for r in runs}))
+        lines.append(f"| {name} | {seeds} | {np.mean([r['before'] for r in runs]):.1f} → "
+                     f"{np.mean([r['after'] for r in runs]):.1f} | **{deltas.mean():+.1f}** {ci} | "
+                     f"{' '.join(f'{d:+.1f}' for d in deltas)} | "
+                     f"{100 * np.mean([r['success_before'] for r in runs]):.1f}% → "
+                     f"{100 * np.mean([r['success_after'] for r in runs]):.1f}% | "
+                     f"{np.mean([r['seconds'] for r in runs]) / 60:.1f} | {commits} |")
+    lines += ["", "What the greedy agent did before → after (means over the setting's seeds, from the evaluation "
+                  "traces; `esjax.traces.behaviour`):", "",
+              "| setting | " + " | ".join(label for _, label, _ in BEHAVIOUR_KEYS) + " |",
+              "|---|" + "---|" * len(BEHAVIOUR_KEYS)]
+    for name in order:
+        runs = found[name]
+        cells = []
+        for key, _, fmt in BEHAVIOUR_KEYS:
+            before = np.mean([r["behaviour"][0][key] for r in runs])
+            after = np.mean([r["behaviour"][1][key] for r in runs])
+            cells.append(f"{fmt.format(before)} → {fmt.format(after)}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated setting names")
@@ -115,7 +182,11 @@ def main(argv: list[str] | None = None) -> int:
                                                                  "Done-means seeds 0-7)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--list", action="store_true", help="print the runs and their state, then exit")
+    parser.add_argument("--report", action="store_true", help="print the tables of every finished run under --out")
     args = parser.parse_args(argv)
+    if args.report:
+        print(report(args.out), end="")
+        return 0
     names = [s.strip() for s in args.settings.split(",") if s.strip()]
     unknown = [n for n in names if n not in SETTINGS]
     if unknown:
