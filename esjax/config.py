@@ -76,6 +76,9 @@ class RunSection(_Section):
     eval_every: int = Field(10, ge=1, le=10_000_000, description="evaluate the unperturbed policy every E updates")
     checkpoint_every: int = Field(5, ge=1, le=10_000_000,
                                   description="orbax checkpoint every C updates (and at the end)")
+    checkpoint_minutes: float | None = Field(
+        10.0, gt=0, description="also checkpoint at the end of the first tick this many minutes of run time after the "
+                                "last checkpoint (null: only run.checkpoint_every); single-process runs")
     keep_checkpoints: int = Field(3, ge=1, le=100_000)
     run_dir: str | None = Field(None, description="default: runs/<name>-<timestamp>")
     deterministic: Literal[True] = Field(True, description="the tick order is always fixed: reruns and resumes are "

@@ -117,6 +117,9 @@ class Trainer:
         self.writer: MetricsWriter | RecordCounter | None = None
         self.checkpointer: Checkpointer | None = None
         self._progress: Progress | None = None
+        # Set by a signal (Ctrl-C / SIGTERM, see esjax.trainer): checkpoint at the end of this tick, then stop.
+        self.stop_requested = False
+        self._saved_at = 0.0  # wall time of the last checkpoint (run.checkpoint_minutes)
 
     # ----------------------------------------------------------------------------------------- the algorithm
     def run(self, writer: MetricsWriter | RecordCounter, checkpointer: Checkpointer, progress: Progress) -> None:
@@ -143,7 +146,18 @@ class Trainer:
             for result in self._member_results(finished):
                 self.coord.report(result)
             self._apply_complete_cohorts()
+            self._end_of_tick()
         self._finish_run()
+
+    def _end_of_tick(self) -> None:
+        """The end of a tick is a consistent point (every finished job reported, every complete cohort applied):
+        checkpoint here when a stop was asked for (then stop) or ``run.checkpoint_minutes`` have passed."""
+        minutes = self.config.run.checkpoint_minutes
+        due = minutes is not None and jax.process_count() == 1 and self.wall_time() - self._saved_at >= 60 * minutes
+        if self.stop_requested or due:
+            self._save()
+        if self.stop_requested:
+            raise KeyboardInterrupt("stop requested")
 
     def _apply_complete_cohorts(self) -> None:
         """θ_{t+1} = ES step of θ_t over each complete cohort, one at a time (a cascade is several steps)."""
@@ -159,7 +173,7 @@ class Trainer:
     def _begin(self, writer: MetricsWriter | RecordCounter, checkpointer: Checkpointer, progress: Progress) -> None:
         self.writer, self.checkpointer, self._progress = writer, checkpointer, progress
         self._wall_start = time.perf_counter()
-        self.last_update_wall = self.wall_time()
+        self.last_update_wall = self._saved_at = self.wall_time()
         counters = self.counters
         if counters.finished and self.version < self.config.run.updates:  # resumed with a larger run.updates,
             counters.finished, counters.stopped_at, counters.constant_fitness_streak = False, None, 0  # or stopped
@@ -510,6 +524,7 @@ class Trainer:
         loop = self.loop_state()
         tree = {"state": self.es_update.state, "versions": {str(v): self.params_at(v) for v in loop["saved_versions"]}}
         self.checkpointer.save(self.version, tree, loop)
+        self._saved_at = self.wall_time()
 
     def loop_state(self) -> dict[str, Any]:
         """Everything but arrays that a resume needs; :meth:`restore` reads exactly this back."""

@@ -9,6 +9,9 @@ import contextlib
 import dataclasses
 import json
 import shutil
+import signal
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +75,33 @@ def join_job(config: Config) -> ProcessInfo:
     if config.mesh.distributed:
         return multihost.initialize()
     return multihost.process_info()
+
+
+@contextlib.contextmanager
+def stop_gracefully(trainer: Trainer):
+    """Ctrl-C or SIGTERM asks the trainer to finish its tick, write a checkpoint there and stop (so no work since
+    the last checkpoint is lost); a second one stops at once. Single-process runs in the main thread only: the
+    processes of a multi-process run would not agree on the tick (there, a signal stops at once as before)."""
+    if jax.process_count() != 1 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+
+    def handler(signum, frame):
+        if trainer.stop_requested:
+            raise KeyboardInterrupt
+        trainer.stop_requested = True
+        print(f"\n{signal.Signals(signum).name}: writing a checkpoint at the end of this tick, then stopping "
+              "(again to stop at once)", file=sys.stderr, flush=True)
+
+    for sig in signals:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def train(config: Config, run_dir: str | Path | None = None, resume: bool = False,
@@ -148,7 +178,8 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
     failed, interrupted, removed = True, False, False
     steps: list[int] = []
     try:
-        with progress, (jax.set_mesh(trainer.mesh) if trainer.mesh is not None else contextlib.nullcontext()):
+        with progress, (jax.set_mesh(trainer.mesh) if trainer.mesh is not None else contextlib.nullcontext()), \
+                stop_gracefully(trainer):
             trainer.run(writer, checkpointer, progress)
         barrier("esjax: run finished")  # every record is on disk (each write is synced) before anyone reads
         records = read_metrics(run_dir / "metrics.jsonl")

@@ -23,15 +23,19 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import same_bits, theta_moved
+from conftest import REPO, same_bits, theta_moved
 from reliability import record
 
 from esjax.checkpoint import read_loop_state
-from esjax.config import load_config
+from esjax.config import config_to_yaml, load_config
 from esjax.traces import read_traces
 from esjax.trainer import train
 
@@ -179,3 +183,65 @@ def test_every_dispatched_job_is_accounted_for(reference):
     assert totals["dispatched"] == totals["accepted"] + totals["discarded"] + totals["cancelled"]
     assert totals["discarded"] == sum(totals["discarded_by"].values())
     assert [r for r in result.records if r["kind"] == "end"] == [end]
+
+
+# ------------------------------------------------------------------------------------------- stops between versions
+EVERY_TICK = ["run.checkpoint_every=1000", "run.checkpoint_minutes=0.000001"]  # a checkpoint at the end of every tick
+
+
+def test_resume_from_a_tick_end_checkpoint_is_bit_identical(tmp_path):
+    """``run.checkpoint_minutes`` checkpoints at the end of a tick, between versions (with in-flight jobs, held
+    results and evaluations in progress). With a cadence that fires every tick, each version's checkpoint is its
+    last tick; resuming from every one of them ends bit-identical to the uninterrupted run."""
+    config = load_config(None, [*BASE, *SCHEDULES["async"], *EVERY_TICK])
+    result = train(config, run_dir=tmp_path / "reference")
+    reference_records = _records(result.run_dir)
+    assert theta_moved(reference_records)
+    steps = _steps(result.run_dir)
+    assert steps == list(range(UPDATES + 1))  # version 0 too: long before checkpoint_every would have saved
+    assert read_loop_state(result.run_dir, 0)["episodes"]  # a tick end with episodes in flight
+    for step in steps[:-1]:
+        run_dir = killed_after(result.run_dir, step, tmp_path / f"from-{step}")
+        resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
+        assert same_bits(resumed.params, result.params), f"θ differs after resuming from tick-end checkpoint {step}"
+        assert _untimed(_records(run_dir)) == _untimed(reference_records), f"records differ after {step}"
+        assert _trace_files(run_dir) == _trace_files(result.run_dir)
+
+
+def test_sigint_mid_run_checkpoints_the_tick_and_the_resume_is_bit_identical(tmp_path, child_env):
+    """Ctrl-C (SIGINT) sent to a real ``python -m esjax.run`` child long before its first checkpoint: it finishes
+    the tick, writes a checkpoint there, prints the resume command and exits 130; resuming ends where an
+    uninterrupted run of the same config ends, θ bit for bit and records equal."""
+    overrides = [*BASE, *SCHEDULES["async"], "run.checkpoint_every=1000", "run.checkpoint_minutes=null",
+                 f"run.updates={UPDATES + 3}"]
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(config_to_yaml(load_config(None, overrides)))
+    run_dir = tmp_path / "interrupted"
+    proc = subprocess.Popen([sys.executable, "-m", "esjax.run", "--config", str(config_file), "--run-dir",
+                             str(run_dir)], env=child_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            metrics = run_dir / "metrics.jsonl"
+            if metrics.is_file() and '"kind": "update"' in metrics.read_text():
+                break  # an update was applied: the run is well under way, and no checkpoint exists yet
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert not (run_dir / "checkpoints").is_dir() or not _steps(run_dir)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    steps = _steps(run_dir)
+    assert len(steps) == 1 and 1 <= steps[0] < UPDATES + 3, err[-2000:]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert any(line.startswith("SIGINT: writing a checkpoint at the end of this tick") for line in lines)
+    assert lines[-2].startswith(f"interrupted at version {steps[0]}; latest checkpoint: version {steps[0]} ")
+    assert lines[-1] == f"resume with: python -m esjax.run --resume {run_dir}"
+    resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
+    reference = train(load_config(config_file), run_dir=tmp_path / "reference")
+    assert theta_moved(reference.records) and same_bits(resumed.params, reference.params)
+    assert _untimed(_records(run_dir)) == _untimed(_records(reference.run_dir))
