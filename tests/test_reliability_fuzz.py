@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import random
 import shutil
 from pathlib import Path
@@ -15,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from reliability import record
+from webshop_fixtures import small_dir
 
 from envs.webshop_bridge import DataError, WebShopTextEnv, load_webshop, synthetic_shop
 from esjax.config import Config, ConfigError, config_from_dict, load_config
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = Path(os.environ.get("ESJAX_WEBSHOP_SMALL", REPO.parent / "shared" / "webshop_small"))
 FAST = settings(deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.function_scoped_fixture])
@@ -270,8 +269,9 @@ def test_corrupt_model_folders_give_one_line_errors_naming_the_file(model_dir, t
 
 # ------------------------------------------------------------------------------------------------ data files
 
-@pytest.mark.skipif(not SMALL.is_dir(), reason="../shared/webshop_small is absent")
 def test_corrupt_data_files_give_data_errors_naming_file_and_field(tmp_path):
+    """The real small set's files (../shared/webshop_small, else the packaged copy: tests/webshop_fixtures.py)."""
+    SMALL = small_dir()
     lines = (SMALL / "products_1000.jsonl").read_text().splitlines()[:30]
     raw_products = [json.loads(line)["product"] for line in lines]
     attrs_text = (SMALL / "items_ins_v2_1000.json").read_text()

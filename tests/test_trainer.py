@@ -4,7 +4,6 @@ eval and export, and real WebShop data."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -22,7 +21,6 @@ from esjax.rundir import resume_config
 from esjax.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
-WEBSHOP_SMALL = Path(os.environ.get("ESJAX_WEBSHOP_SMALL", REPO.parent / "shared" / "webshop_small"))
 
 TINY = ["model.source=random", "run.updates=4", "run.eval_every=2", "run.checkpoint_every=1", "es.population=8",
         "schedule.slots=4", "env.eval_goals=6", "env.tasks_per_member=2", "env.num_products=100",
@@ -221,10 +219,9 @@ def test_export_settings_keep_the_embedded_policys_prompt_style(tmp_path):
     assert resolve_prompt_style(without, policy) == "chat"  # what eval did before the export kept settings
 
 
-@pytest.mark.skipif(not WEBSHOP_SMALL.is_dir(), reason="../shared/webshop_small is absent")
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_runs_on_real_webshop_data(kind, tmp_path):
-    overrides = [*TINY, f"env.data={WEBSHOP_SMALL}", f"schedule.kind={kind}", "run.updates=2",
+    overrides = [*TINY, "env.data=webshop_small", f"schedule.kind={kind}", "run.updates=2",
                  "run.checkpoint_every=2", "run.eval_every=2"]
     result = train(load_config(None, overrides), run_dir=tmp_path / kind)
     updates = [r for r in result.records if r["kind"] == "update"]
