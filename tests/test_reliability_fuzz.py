@@ -240,13 +240,21 @@ def test_corrupt_model_folders_give_one_line_errors_naming_the_file(model_dir, t
             shutil.rmtree(folder)
         shutil.copytree(model_dir, folder)
         path = folder / target
+        original = path.read_bytes()
         if how == "missing":
             path.unlink()
         else:
-            path.write_bytes(_corrupt(path.read_bytes(), how, random.Random(seed)))
+            path.write_bytes(_corrupt(original, how, random.Random(seed)))
         try:
             load_pretrained(folder)
-            outcomes["loaded"] += 1  # e.g. a flipped byte inside a string: still a valid file
+            # only damage that leaves a valid folder may load: a flipped byte inside a string, a cut that took
+            # trailing whitespace only, or no tokenizer_config.json (optional); a truncated, emptied, missing or
+            # garbage weights file never loads
+            left = path.read_bytes() if path.exists() else b""
+            assert how == "flip" or (how == "missing" and target == "tokenizer_config.json") or (
+                how == "truncate" and target != "model.safetensors" and not original[len(left):].strip()), (
+                f"{target} {how}: loaded")
+            outcomes["loaded"] += 1
         except _model_errors() as err:
             message = str(err)
             assert "\n" not in message, message
@@ -306,7 +314,11 @@ def test_corrupt_data_files_give_data_errors_naming_file_and_field(tmp_path):
         (folder / "items_ins_v2_x.json").write_text(attrs)
         try:
             load_webshop(folder)
-            outcomes["loaded"] += 1  # e.g. an optional field dropped
+            # only a dropped or mistyped optional field, or a cut at a record boundary of the .jsonl, may load
+            whole = "\n".join(json.dumps(r) for r in records)
+            at_boundary = fmt == "jsonl" and how == "truncate" and whole[len(text)] == "\n"
+            assert how in ("drop_field", "wrong_type") or at_boundary, f"{fmt} {how}: loaded"
+            outcomes["loaded"] += 1
         except DataError as err:
             message = str(err)
             assert "\n" not in message and (name in message or "items_ins_v2_x.json" in message), message
