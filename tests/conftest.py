@@ -162,6 +162,24 @@ def theta_moved(records: Sequence[dict]) -> bool:
     return any(r.get("kind") == "update" and (r.get("update_norm") or 0) > 0 for r in records)
 
 
+def reward_by_trace(monkeypatch, engine_cls) -> None:
+    """Train episodes of ``engine_cls`` (RolloutEngine / GenerateEngine) score a number drawn from what they did
+    (a hash of the actions taken), not WebShop's reward: a tiny random policy's members then differ in fitness at
+    every update and θ moves, deterministically, so tests that compare θ bit for bit can fail."""
+    import zlib
+
+    tick = engine_cls.tick
+
+    def scored(self, params_at):
+        finished, stats = tick(self, params_at)
+        for episode in finished:
+            if episode.kind == "train" and episode.failure is None:
+                episode.reward = zlib.crc32(repr(episode.trace).encode()) % 1000 / 1000
+        return finished, stats
+
+    monkeypatch.setattr(engine_cls, "tick", scored)
+
+
 def free_port() -> int:
     """A local TCP port nobody listens on right now (for a child's distributed coordinator)."""
     with socket.socket() as s:

@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import same_bits, theta_moved
+from conftest import reward_by_trace, same_bits, theta_moved
 
 from esjax.config import load_config
 from esjax.parts import load_run
@@ -55,6 +55,72 @@ def test_run_directory_holds_everything(reference_run):
     assert reference_run.version == 4
     png = (run_dir / "plots" / "score.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _digest(params) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for leaf in jax.tree.leaves(params):
+        h.update(np.asarray(leaf).tobytes())
+    return h.hexdigest()
+
+
+def record_theta_history(monkeypatch) -> dict[int, str]:
+    """θ_v of every version v the ES engine reaches (a digest), recorded as the update makes it: the reference that
+    the parameters a member is rolled out with are checked against (independent of any ``params_at``)."""
+    from esjax.loop.engine import ESUpdate
+
+    history: dict[int, str] = {}
+    init, call = ESUpdate.__init__, ESUpdate.__call__
+
+    def init_and_record(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        history[self.version] = _digest(self.state.params)
+
+    def call_and_record(self, cohort):
+        out = call(self, cohort)
+        history[self.version] = _digest(self.state.params)
+        return out
+
+    monkeypatch.setattr(ESUpdate, "__init__", init_and_record)
+    monkeypatch.setattr(ESUpdate, "__call__", call_and_record)
+    return history
+
+
+def test_stale_members_are_rolled_out_with_their_own_versions_parameters(tmp_path, monkeypatch):
+    """A member dispatched at version v acts with θ_v + σ_v·ε_(v,i), also when θ has moved on since: every policy
+    call is recorded (the members' versions, σ and a digest of the base θ passed) and checked against θ_v as the
+    update made it and σ_v of the schedule. If stale rows ran the newest θ (or σ), async ES would silently be
+    sync ES and every comparison of two runs of the same code would still agree."""
+    import esjax.loop.rollout as rollout
+    from esjax.parts import build_es_config
+
+    history = record_theta_history(monkeypatch)
+    reward_by_trace(monkeypatch, rollout.RolloutEngine)
+    calls = []
+    dispatch = rollout.dispatch_scores
+
+    def recording(model_config, params, prompts, cand_ids, perturbation, **kwargs):
+        calls.append((np.asarray(perturbation.versions).tolist(), np.asarray(perturbation.active).tolist(),
+                      float(perturbation.sigma), _digest(params), max(history)))
+        return dispatch(model_config, params, prompts, cand_ids, perturbation, **kwargs)
+
+    monkeypatch.setattr(rollout, "dispatch_scores", recording)
+    config = load_config(None, [*TINY, "run.updates=3", "run.eval_every=3", "run.checkpoint_every=3",
+                                "es.sigma_schedule=linear", "es.sigma_final=0.01", "schedule.kind=controlled", "schedule.lag=1",
+                                "schedule.stale_fraction=0.5"])
+    result = train(config, run_dir=tmp_path / "run")
+    assert theta_moved(result.records) and len(set(history.values())) == 4  # θ_0 … θ_3 all differ
+    sigma_at = build_es_config(config).sigma_at
+    stale = 0
+    for versions, active, sigma, digest, current in calls:
+        (v,) = set(versions)  # one call serves one version
+        assert digest == history[v], f"a row of version {v} ran with another θ (current version {current})"
+        if any(active):
+            assert sigma == pytest.approx(float(sigma_at(v)), rel=1e-6), (v, sigma)
+            stale += v < current
+    assert stale > 0, "no train row was rolled out after its version was superseded: nothing was checked"
 
 
 def test_evaluations_write_episode_traces(reference_run):
