@@ -108,8 +108,8 @@ def test_stale_members_are_rolled_out_with_their_own_versions_parameters(tmp_pat
 
     monkeypatch.setattr(rollout, "dispatch_scores", recording)
     config = load_config(None, [*TINY, "run.updates=3", "run.eval_every=3", "run.checkpoint_every=3",
-                                "es.sigma_schedule=linear", "es.sigma_final=0.01", "schedule.kind=controlled", "schedule.lag=1",
-                                "schedule.stale_fraction=0.5"])
+                                "es.sigma_schedule=linear", "es.sigma_final=0.01", "schedule.kind=controlled",
+                                "schedule.lag=1", "schedule.stale_fraction=0.5"])  # half of each cohort at t - 1
     result = train(config, run_dir=tmp_path / "run")
     assert theta_moved(result.records) and len(set(history.values())) == 4  # θ_0 … θ_3 all differ
     sigma_at = build_es_config(config).sigma_at
