@@ -42,6 +42,11 @@ MUTANTS = [
            "        return self.es_update.params_at(version)\n",
            "        return self.es_update.params_at(self.es_update.version)\n",
            (T + "test_trainer.py::test_stale_members_are_rolled_out_with_their_own_versions_parameters",)),
+    Mutant("stale rows score with the newest live version's θ (engine)", "1: stale member's parameters",
+           "esjax/loop/rollout.py",
+           "            call = dispatch_scores(self.model_config, params_at(version), prompts",
+           "            call = dispatch_scores(self.model_config, params_at(max(e.version for e in waiting)), prompts",
+           (T + "test_trainer.py::test_stale_members_are_rolled_out_with_their_own_versions_parameters",)),
     Mutant("stale lanes decode with the newest θ (generate)", "1: stale member's parameters",
            "esjax/loop/generate.py",
            "            params = params_at(version)\n",
@@ -163,13 +168,13 @@ def run_tests(root: Path, tests: tuple[str, ...]) -> tuple[int, str, float]:
     env = {**os.environ, "PYTHONPATH": str(root)}
     env.pop("ESJAX_WEBSHOP_SMALL", None)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rf", "-p", "no:cacheprovider", "-n", "0",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rfE", "-p", "no:cacheprovider", "-n", "0",
                            *tests], cwd=root, env=env, capture_output=True, text=True)
     return proc.returncode, proc.stdout + proc.stderr, time.perf_counter() - t0
 
 
 def first_failure(output: str) -> str:
-    found = re.search(r"^FAILED (\S+)", output, re.M)
+    found = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.M)
     return found.group(1) if found else "?"
 
 
