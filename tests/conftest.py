@@ -180,6 +180,24 @@ def reward_by_trace(monkeypatch, engine_cls) -> None:
     monkeypatch.setattr(engine_cls, "tick", scored)
 
 
+def uneven_episodes(monkeypatch, engine_cls) -> None:
+    """Train episodes of ``engine_cls`` end after 1 … max_steps steps (a hash of the member and position) instead
+    of all running to ``env.max_steps`` in lockstep: rows of different versions are then live in the same tick,
+    as in a real asynchronous run."""
+    import zlib
+
+    retire = engine_cls._retire_if_over
+
+    def uneven(self, episode, finished):
+        if episode.kind == "train":
+            key = f"{episode.version},{episode.index},{episode.position}".encode()
+            if episode.steps >= 1 + zlib.crc32(key) % self.max_steps:
+                episode.done = True
+        retire(self, episode, finished)
+
+    monkeypatch.setattr(engine_cls, "_retire_if_over", uneven)
+
+
 def free_port() -> int:
     """A local TCP port nobody listens on right now (for a child's distributed coordinator)."""
     with socket.socket() as s:

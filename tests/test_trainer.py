@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import reward_by_trace, same_bits, theta_moved
+from conftest import reward_by_trace, same_bits, theta_moved, uneven_episodes
 
 from esjax.config import load_config
 from esjax.parts import load_run
@@ -92,35 +92,47 @@ def test_stale_members_are_rolled_out_with_their_own_versions_parameters(tmp_pat
     """A member dispatched at version v acts with θ_v + σ_v·ε_(v,i), also when θ has moved on since: every policy
     call is recorded (the members' versions, σ and a digest of the base θ passed) and checked against θ_v as the
     update made it and σ_v of the schedule. If stale rows ran the newest θ (or σ), async ES would silently be
-    sync ES and every comparison of two runs of the same code would still agree."""
+    sync ES and every comparison of two runs of the same code would still agree. Episodes end after uneven step
+    counts (else a tiny random policy runs every episode to max_steps in lockstep and no row is ever stale)."""
     import esjax.loop.rollout as rollout
     from esjax.parts import build_es_config
 
     history = record_theta_history(monkeypatch)
     reward_by_trace(monkeypatch, rollout.RolloutEngine)
-    calls = []
-    dispatch = rollout.dispatch_scores
+    uneven_episodes(monkeypatch, rollout.RolloutEngine)
+    calls, ticks = [], [0]
+    dispatch, plan = rollout.dispatch_scores, rollout.RolloutEngine._calls
 
     def recording(model_config, params, prompts, cand_ids, perturbation, **kwargs):
         calls.append((np.asarray(perturbation.versions).tolist(), np.asarray(perturbation.active).tolist(),
-                      float(perturbation.sigma), _digest(params), max(history)))
+                      float(perturbation.sigma), _digest(params), max(history), ticks[0]))
         return dispatch(model_config, params, prompts, cand_ids, perturbation, **kwargs)
 
+    def counting(self, waiting, inputs):  # once per tick
+        ticks[0] += 1
+        return plan(self, waiting, inputs)
+
     monkeypatch.setattr(rollout, "dispatch_scores", recording)
+    monkeypatch.setattr(rollout.RolloutEngine, "_calls", counting)
     config = load_config(None, [*TINY, "run.updates=3", "run.eval_every=3", "run.checkpoint_every=3",
-                                "es.sigma_schedule=linear", "es.sigma_final=0.01", "schedule.kind=controlled",
-                                "schedule.lag=1", "schedule.stale_fraction=0.5"])  # half of each cohort at t - 1
+                                "es.sigma_schedule=linear", "es.sigma_final=0.01", "schedule.kind=async",
+                                "schedule.max_lag=1"])
     result = train(config, run_dir=tmp_path / "run")
     assert theta_moved(result.records) and len(set(history.values())) == 4  # θ_0 … θ_3 all differ
     sigma_at = build_es_config(config).sigma_at
     stale = 0
-    for versions, active, sigma, digest, current in calls:
+    for versions, active, sigma, digest, current, _ in calls:
         (v,) = set(versions)  # one call serves one version
         assert digest == history[v], f"a row of version {v} ran with another θ (current version {current})"
         if any(active):
             assert sigma == pytest.approx(float(sigma_at(v)), rel=1e-6), (v, sigma)
             stale += v < current
     assert stale > 0, "no train row was rolled out after its version was superseded: nothing was checked"
+    versions_by_tick = {}  # ticks whose live train rows span versions: an engine passing one θ to all would show
+    for versions, active, *_, tick in calls:
+        if any(active):
+            versions_by_tick.setdefault(tick, set()).update(versions)
+    assert any(len(vs) > 1 for vs in versions_by_tick.values()), "no tick served two versions: nothing was checked"
 
 
 def test_evaluations_write_episode_traces(reference_run):
