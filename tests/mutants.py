@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
     args = parser.parse_args(argv)
     mutants = [m for m in MUTANTS if not args.only or any(o in m.name for o in args.only)]
-    start = time.perf_counter()
+    start, load_start = time.perf_counter(), os.getloadavg()
     scratch = Path(tempfile.mkdtemp(prefix="esjax-mutants-"))
     try:
         root = scratch_copy(scratch)
@@ -223,11 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     alive = [m.name for m, killed, _, _ in rows if not killed]
     print(f"{len(rows) - len(alive)} of {len(rows)} mutants killed in {wall:.0f} s")
     if args.write:
-        args.write.write_text(table(rows, wall))
+        args.write.write_text(table(rows, wall, load_start))
     return 1 if alive else 0
 
 
-def table(rows, wall: float) -> str:
+def table(rows, wall: float, load_start: tuple[float, float, float]) -> str:
     load = os.getloadavg()
     lines = ["# Mutation run", "",
              "Written by `python -m tests.mutants --write tests/mutants.md` (the list of mutants is in "
@@ -235,8 +235,10 @@ def table(rows, wall: float) -> str:
              "it is killed when one of its listed tests fails there. The listed tests pass on the unmutated copy "
              "(checked first, in the same run).", "",
              f"- {sum(k for _, k, _, _ in rows)} of {len(rows)} mutants killed; wall time {wall / 60:.1f} min "
-             f"(baseline pass included), load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} "
-             f"on {os.cpu_count()} CPUs", "",
+             f"(baseline pass included) on {os.cpu_count()} CPUs, {time.strftime('%d %b %Y')}; load average "
+             f"(1 / 5 / 15 min) {load_start[0]:.2f} / {load_start[1]:.2f} / {load_start[2]:.2f} at the start, "
+             f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} at the end (other jobs shared the machine when it "
+             "was above 1)", "",
              "| # | mutant | stands for | file | killed by | s |", "|---:|---|---|---|---|---:|"]
     for n, (m, killed, by, secs) in enumerate(rows, 1):
         verdict = f"`{by}`" if killed else f"**{by}**"
