@@ -162,6 +162,42 @@ def theta_moved(records: Sequence[dict]) -> bool:
     return any(r.get("kind") == "update" and (r.get("update_norm") or 0) > 0 for r in records)
 
 
+def reward_by_trace(monkeypatch, engine_cls) -> None:
+    """Train episodes of ``engine_cls`` (RolloutEngine / GenerateEngine) score a number drawn from what they did
+    (a hash of the actions taken), not WebShop's reward: a tiny random policy's members then differ in fitness at
+    every update and θ moves, deterministically, so tests that compare θ bit for bit can fail."""
+    import zlib
+
+    tick = engine_cls.tick
+
+    def scored(self, params_at):
+        finished, stats = tick(self, params_at)
+        for episode in finished:
+            if episode.kind == "train" and episode.failure is None:
+                episode.reward = zlib.crc32(repr(episode.trace).encode()) % 1000 / 1000
+        return finished, stats
+
+    monkeypatch.setattr(engine_cls, "tick", scored)
+
+
+def uneven_episodes(monkeypatch, engine_cls) -> None:
+    """Train episodes of ``engine_cls`` end after 1 … max_steps steps (a hash of the member and position) instead
+    of all running to ``env.max_steps`` in lockstep: rows of different versions are then live in the same tick,
+    as in a real asynchronous run."""
+    import zlib
+
+    retire = engine_cls._retire_if_over
+
+    def uneven(self, episode, finished):
+        if episode.kind == "train":
+            key = f"{episode.version},{episode.index},{episode.position}".encode()
+            if episode.steps >= 1 + zlib.crc32(key) % self.max_steps:
+                episode.done = True
+        retire(self, episode, finished)
+
+    monkeypatch.setattr(engine_cls, "_retire_if_over", uneven)
+
+
 def free_port() -> int:
     """A local TCP port nobody listens on right now (for a child's distributed coordinator)."""
     with socket.socket() as s:

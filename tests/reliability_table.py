@@ -91,6 +91,19 @@ def soak_section() -> str:
     return "\n".join(lines) + "\n"
 
 
+MUTATION = """## Can the suite fail? (mutation run)
+
+The faults above check what the trainer does when the world misbehaves; the mutation run checks that the tests
+themselves can fail where it matters. `python -m tests.mutants` applies each of a list of deliberate, realistic
+bugs (a stale member rolled out with the newest θ, pairing by position instead of by seed, Adam's settings ignored,
+a purchase scored below its drawn price, antithetic signs, the lag bound off by one, shaping order, checkpoint
+content, …) alone to a scratch copy of the repository, runs the few tests named for it there and reports the
+mutants that survive; every one must be killed. The list is `tests/mutants.py`, the last run's table (which test
+killed which mutant, and the run's wall time) is [`tests/mutants.md`](tests/mutants.md).
+
+"""
+
+
 NOT_COVERED = """## Scope and limits
 
 - **Resume** is checked from *every* checkpoint of async, controlled and all-stale runs
@@ -117,7 +130,7 @@ def render() -> str:
     for r in rows():
         table.append("| " + " | ".join(_cell(r[k]) for k in ("area", "fault", "injection", "expected", "observed",
                                                               "accepted_lost")) + f" | `{r['test']}` |")
-    return "\n".join([HEADER, "## Faults", "", *table, "", soak_section(), NOT_COVERED])
+    return "\n".join([HEADER, "## Faults", "", *table, "", soak_section(), MUTATION + NOT_COVERED])
 
 
 def accept() -> list[str]:

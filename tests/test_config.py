@@ -517,6 +517,31 @@ def test_optimizer_settings_reach_the_update():
         build_es_config(load_config(None, ["es.optimizer=adam"])).get_optimizer().init(params))
 
 
+def test_adam_settings_act_over_several_steps():
+    """One Adam step is ≈ −lr·sign(g) whatever b1, b2 and eps are; over several steps with changing gradients
+    each setting shows: ours equals optax.adam with the same settings, and differs from optax's defaults."""
+    import jax
+    import numpy as np
+    import optax
+
+    from esjax.parts import build_es_config
+
+    ours = build_es_config(load_config(None, ["es.optimizer={kind: adam, b1: 0.5, b2: 0.9, eps: 0.1}",
+                                              "es.learning_rate=0.1"])).get_optimizer()
+    reference, default = optax.adam(0.1, b1=0.5, b2=0.9, eps=0.1), optax.adam(0.1)
+    params = {"w": jax.numpy.ones(3)}
+    grads = [{"w": jax.numpy.asarray(g)} for g in ([1.0, -2.0, 0.5], [-0.3, 0.1, 2.0], [0.2, 0.2, -1.0],
+                                                   [1.5, -0.5, 0.0])]
+    states = [t.init(params) for t in (ours, reference, default)]
+    for g in grads:
+        steps = []
+        for k, t in enumerate((ours, reference, default)):
+            step, states[k] = t.update(g, states[k], params)
+            steps.append(np.asarray(step["w"]))
+        np.testing.assert_allclose(steps[0], steps[1], rtol=1e-6)
+    assert not np.allclose(steps[0], steps[2], rtol=1e-2)  # the settings matter after a few steps
+
+
 # The main job's resolved ES section (published numbers depend on it): pinned, so a change of the defaults can never
 # move it silently.
 DEFAULT_JOB_ES = {

@@ -269,20 +269,62 @@ BASE = ["run.progress=false", "run.plots=false", "run.updates=3", "run.eval_ever
         "agent.max_new_tokens=6", "agent.max_prompt_tokens=192", "agent.decode_steps=2"]
 
 
-def test_resume_in_generate_mode_is_bit_identical(tmp_path):
+def test_stale_members_generate_with_their_own_versions_parameters(tmp_path, monkeypatch):
+    """Generate mode: every decode call of a version's lane gets θ_v (checked against θ_v as the update made it) and
+    σ_v, also for rows whose version has been superseded (controlled staleness: half of each cohort at t - 1)."""
+    from conftest import reward_by_trace, theta_moved
+    from test_trainer import _digest, record_theta_history
+
+    from esjax.config import load_config
+    from esjax.loop.generate import GenerateEngine
+    from esjax.parts import build_es_config
+    from esjax.trainer import train
+
+    history = record_theta_history(monkeypatch)
+    reward_by_trace(monkeypatch, GenerateEngine)
+    calls = []
+    decode = Lane.decode
+
+    def recording(self, params, noise, sigma, steps, prefilled):
+        versions = {s.member[0] for s in self.states.values() if s.member[2]}
+        if versions:
+            calls.append((versions, float(sigma), _digest(params), max(history)))
+        return decode(self, params, noise, sigma, steps, prefilled)
+
+    monkeypatch.setattr(Lane, "decode", recording)
+    model = _action_checkpoint(tmp_path / "model")
+    config = load_config(None, [*BASE, "model.source=hf", f"model.path={model}", "run.eval_every=3",
+                                "run.checkpoint_every=3", "schedule.kind=controlled", "schedule.lag=1",
+                                "schedule.stale_fraction=0.5", "es.sigma_schedule=linear", "es.sigma_final=0.01"])
+    result = train(config, run_dir=tmp_path / "run")
+    assert theta_moved(result.records) and len(set(history.values())) == 4
+    sigma_at = build_es_config(config).sigma_at
+    for versions, sigma, digest, current in calls:
+        (v,) = versions  # one lane per version
+        assert digest == history[v], f"rows of version {v} generated with another θ (current version {current})"
+        assert sigma == pytest.approx(float(sigma_at(v)), rel=1e-6), (v, sigma)
+    assert any(v < current for (v,), _, _, current in calls), "no stale row: nothing was checked"
+
+
+def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch):
     """A run killed right after any checkpoint and resumed ends with the same θ, records and traces. Every
     checkpoint lands with turns in progress (partial replies), so the re-prefill path is exercised."""
-    from conftest import same_bits
+    from conftest import reward_by_trace, same_bits, theta_moved
     from test_trainer_resume import _records, _steps, _untimed, killed_after
 
     from esjax.checkpoint import read_loop_state
     from esjax.config import load_config
+    from esjax.loop.generate import GenerateEngine
     from esjax.trainer import train
 
+    # the random model never buys: WebShop's reward would be 0 for every member and θ would never move, so
+    # same_bits below would pass whatever θ a resume used; a reward drawn from the replies makes θ move
+    reward_by_trace(monkeypatch, GenerateEngine)
     model = _action_checkpoint(tmp_path / "model")
     base = [*BASE, "model.source=hf", f"model.path={model}"]
     reference = train(load_config(None, base), run_dir=tmp_path / "reference")
     records = _untimed(_records(reference.run_dir))
+    assert theta_moved(records)
     assert [r["version"] for r in records if r["kind"] == "eval"] == [0, 2, 3]
     assert reference.version == 3
     assert all(r["invalid_actions"] > 0 for r in records if r["kind"] in ("update", "eval"))

@@ -53,6 +53,29 @@ def test_reward_table_surrogate_uses_each_versions_task_batch():
     report = simulate(coord, workers=4, durations=LogNormal(1.0), updates=5, fitness=RewardTable(rewards))
     assert all(0.0 <= f <= 1.0 for r in report.records for f in r.cohort.fitness)
     assert len({f for r in report.records for f in r.cohort.fitness}) > 1
+    # A table whose reward is the goal's number: each member's fitness is the mean over its own job's goals, the
+    # same for every member of a version (one task batch per version) and different between versions.
+    by_goal = np.tile(np.arange(50.0), (10, 1))
+    goals = {}
+
+    def table(jobs):
+        goals.update({(j.member.version, j.member.index): np.asarray(j.tasks.goals) % 50 for j in jobs})
+        return RewardTable(by_goal)(jobs)
+
+    coord = Coordinator(CoordinatorConfig(4, 1, train_size=50, tasks_per_member=5), Async())
+    report = simulate(coord, workers=4, durations=LogNormal(1.0), updates=5, fitness=table)
+    per_version = {}
+    for r in report.records:
+        for v, i, f in zip(r.cohort.versions, r.cohort.indices, r.cohort.fitness):
+            assert f == pytest.approx(np.mean(goals[int(v), int(i)]))
+            per_version.setdefault(int(v), set()).add(float(f))
+    assert all(len(fs) == 1 for fs in per_version.values()) and len(per_version) > 1
+    assert len({fs.pop() for fs in per_version.values()}) > 1
+    # a table whose reward is the row's number: members of one version differ through their rows
+    by_row = np.tile(np.arange(10.0)[:, None], (1, 50))
+    coord = Coordinator(CoordinatorConfig(4, 1, train_size=50, tasks_per_member=5), Async())
+    report = simulate(coord, workers=4, durations=LogNormal(1.0), updates=5, fitness=RewardTable(by_row))
+    assert len(set(report.records[0].cohort.fitness.tolist())) > 1
 
 
 def test_a_stalling_schedule_is_reported():

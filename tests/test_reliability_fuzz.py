@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import random
 import shutil
 from pathlib import Path
@@ -15,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from reliability import record
+from webshop_fixtures import small_dir
 
 from envs.webshop_bridge import DataError, WebShopTextEnv, load_webshop, synthetic_shop
 from esjax.config import Config, ConfigError, config_from_dict, load_config
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = Path(os.environ.get("ESJAX_WEBSHOP_SMALL", REPO.parent / "shared" / "webshop_small"))
 FAST = settings(deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.function_scoped_fixture])
@@ -241,13 +240,21 @@ def test_corrupt_model_folders_give_one_line_errors_naming_the_file(model_dir, t
             shutil.rmtree(folder)
         shutil.copytree(model_dir, folder)
         path = folder / target
+        original = path.read_bytes()
         if how == "missing":
             path.unlink()
         else:
-            path.write_bytes(_corrupt(path.read_bytes(), how, random.Random(seed)))
+            path.write_bytes(_corrupt(original, how, random.Random(seed)))
         try:
             load_pretrained(folder)
-            outcomes["loaded"] += 1  # e.g. a flipped byte inside a string: still a valid file
+            # only damage that leaves a valid folder may load: a flipped byte inside a string, a cut that took
+            # trailing whitespace only, or no tokenizer_config.json (optional); a truncated, emptied, missing or
+            # garbage weights file never loads
+            left = path.read_bytes() if path.exists() else b""
+            assert how == "flip" or (how == "missing" and target == "tokenizer_config.json") or (
+                how == "truncate" and target != "model.safetensors" and not original[len(left):].strip()), (
+                f"{target} {how}: loaded")
+            outcomes["loaded"] += 1
         except _model_errors() as err:
             message = str(err)
             assert "\n" not in message, message
@@ -270,8 +277,9 @@ def test_corrupt_model_folders_give_one_line_errors_naming_the_file(model_dir, t
 
 # ------------------------------------------------------------------------------------------------ data files
 
-@pytest.mark.skipif(not SMALL.is_dir(), reason="../shared/webshop_small is absent")
 def test_corrupt_data_files_give_data_errors_naming_file_and_field(tmp_path):
+    """The real small set's files (../shared/webshop_small, else the packaged copy: tests/webshop_fixtures.py)."""
+    SMALL = small_dir()
     lines = (SMALL / "products_1000.jsonl").read_text().splitlines()[:30]
     raw_products = [json.loads(line)["product"] for line in lines]
     attrs_text = (SMALL / "items_ins_v2_1000.json").read_text()
@@ -306,7 +314,11 @@ def test_corrupt_data_files_give_data_errors_naming_file_and_field(tmp_path):
         (folder / "items_ins_v2_x.json").write_text(attrs)
         try:
             load_webshop(folder)
-            outcomes["loaded"] += 1  # e.g. an optional field dropped
+            # only a dropped or mistyped optional field, or a cut at a record boundary of the .jsonl, may load
+            whole = "\n".join(json.dumps(r) for r in records)
+            at_boundary = fmt == "jsonl" and how == "truncate" and whole[len(text)] == "\n"
+            assert how in ("drop_field", "wrong_type") or at_boundary, f"{fmt} {how}: loaded"
+            outcomes["loaded"] += 1
         except DataError as err:
             message = str(err)
             assert "\n" not in message and (name in message or "items_ins_v2_x.json" in message), message

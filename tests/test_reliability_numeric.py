@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import same_bits
+from conftest import reward_by_trace, same_bits, theta_moved
 from reliability import record
 
 from esjax.cli_util import run_cli
@@ -52,7 +52,10 @@ def poison(monkeypatch):
     return install
 
 
-def test_nonfinite_update_is_rejected_and_the_run_goes_on(poison, tmp_path):
+def test_nonfinite_update_is_rejected_and_the_run_goes_on(poison, tmp_path, monkeypatch):
+    from esjax.loop.rollout import RolloutEngine
+
+    reward_by_trace(monkeypatch, RolloutEngine)  # fitness varies, θ moves: the checkpoint comparison below counts
     wrapper = poison(lambda call: call in (1, 2))  # the 2nd and 3rd updates blow up
     result = train(load_config(None, BASE), run_dir=tmp_path / "run")
     assert result.version == 3 and wrapper.calls == 5
@@ -72,7 +75,7 @@ def test_nonfinite_update_is_rejected_and_the_run_goes_on(poison, tmp_path):
     assert last["accepted"] == 3 * N and last["discarded_by"]["rejected_update"] == 2 * N
     assert last["rejected_updates"] == 2
     _, _, params, version = load_run(result.run_dir)  # the final checkpoint is finite and loadable
-    assert version == 3 and same_bits(params, result.params)
+    assert version == 3 and theta_moved(result.records) and same_bits(params, result.params)
     record("numeric-nonfinite-update", area="numerical", fault="an ES update produces NaN parameters (twice)",
            injection="esjax.es.step.update wrapped to return θ·NaN on its 2nd and 3rd call",
            expected="update rejected: θ and version kept, cohort dropped and counted, `nonfinite_update` event; "

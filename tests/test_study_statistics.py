@@ -49,6 +49,28 @@ def test_paired_test_values_by_hand():
     assert t["p_upper"] == pytest.approx(stats.ttest_1samp(x, 3.0, alternative="less").pvalue)
 
 
+def test_paired_delta_pairs_by_seed_not_by_position():
+    """Runs come back in directory order and some seeds fail: Δ pairs each cell run with sync's run of the
+    *same seed* (a zip by position would pair 3 with 1 below) and skips seeds one side lacks."""
+    sync = [{"seed": s, "final": 10.0 * s} for s in (3, 1, 2, 5)]  # seed 4 missing in sync
+    cell = [{"seed": s, "final": 10.0 * s + s} for s in (1, 4, 2, 3)]  # seed 5 missing in the cell
+    d = report.paired_delta(cell, sync)
+    assert d["seeds"] == [1, 2, 3] and d["diffs"] == [1.0, 2.0, 3.0]
+    assert d["mean"] == pytest.approx(2.0)
+
+
+def test_paired_test_with_zero_sd_is_decided_exactly():
+    """A constant Δ has SE 0: the t statistics are undefined, the verdicts are not."""
+    zero = report.paired_test([0.0, 0.0, 0.0], margin=1.5)
+    assert (zero["sd"], zero["p_diff"], zero["p_lower"], zero["p_upper"], zero["p_tost"]) == (0.0, 1.0, 0.0, 0.0, 0.0)
+    inside = report.paired_test([1.0, 1.0, 1.0], margin=1.5)  # different from 0, equivalent within ±1.5
+    assert (inside["p_diff"], inside["p_lower"], inside["p_upper"], inside["p_tost"]) == (0.0, 0.0, 0.0, 0.0)
+    above = report.paired_test([2.0, 2.0], margin=1.5)  # outside the margin: not equivalent
+    assert (above["p_diff"], above["p_lower"], above["p_upper"], above["p_tost"]) == (0.0, 0.0, 1.0, 1.0)
+    below = report.paired_test([-2.0, -2.0], margin=1.5)
+    assert (below["p_lower"], below["p_upper"], below["p_tost"]) == (1.0, 0.0, 1.0)
+
+
 def test_tost_p_below_alpha_iff_90ci_inside_margin():
     rng = np.random.default_rng(0)
     for _ in range(200):

@@ -4,7 +4,6 @@ eval and export, and real WebShop data."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import same_bits, theta_moved
+from conftest import reward_by_trace, same_bits, theta_moved, uneven_episodes
 
 from esjax.config import load_config
 from esjax.parts import load_run
@@ -22,7 +21,6 @@ from esjax.rundir import resume_config
 from esjax.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
-WEBSHOP_SMALL = Path(os.environ.get("ESJAX_WEBSHOP_SMALL", REPO.parent / "shared" / "webshop_small"))
 
 TINY = ["model.source=random", "run.updates=4", "run.eval_every=2", "run.checkpoint_every=1", "es.population=8",
         "schedule.slots=4", "env.eval_goals=6", "env.tasks_per_member=2", "env.num_products=100",
@@ -57,6 +55,84 @@ def test_run_directory_holds_everything(reference_run):
     assert reference_run.version == 4
     png = (run_dir / "plots" / "score.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _digest(params) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for leaf in jax.tree.leaves(params):
+        h.update(np.asarray(leaf).tobytes())
+    return h.hexdigest()
+
+
+def record_theta_history(monkeypatch) -> dict[int, str]:
+    """θ_v of every version v the ES engine reaches (a digest), recorded as the update makes it: the reference that
+    the parameters a member is rolled out with are checked against (independent of any ``params_at``)."""
+    from esjax.loop.engine import ESUpdate
+
+    history: dict[int, str] = {}
+    init, call = ESUpdate.__init__, ESUpdate.__call__
+
+    def init_and_record(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        history[self.version] = _digest(self.state.params)
+
+    def call_and_record(self, cohort):
+        out = call(self, cohort)
+        history[self.version] = _digest(self.state.params)
+        return out
+
+    monkeypatch.setattr(ESUpdate, "__init__", init_and_record)
+    monkeypatch.setattr(ESUpdate, "__call__", call_and_record)
+    return history
+
+
+def test_stale_members_are_rolled_out_with_their_own_versions_parameters(tmp_path, monkeypatch):
+    """A member dispatched at version v acts with θ_v + σ_v·ε_(v,i), also when θ has moved on since: every policy
+    call is recorded (the members' versions, σ and a digest of the base θ passed) and checked against θ_v as the
+    update made it and σ_v of the schedule. If stale rows ran the newest θ (or σ), async ES would silently be
+    sync ES and every comparison of two runs of the same code would still agree. Episodes end after uneven step
+    counts (else a tiny random policy runs every episode to max_steps in lockstep and no row is ever stale)."""
+    import esjax.loop.rollout as rollout
+    from esjax.parts import build_es_config
+
+    history = record_theta_history(monkeypatch)
+    reward_by_trace(monkeypatch, rollout.RolloutEngine)
+    uneven_episodes(monkeypatch, rollout.RolloutEngine)
+    calls, ticks = [], [0]
+    dispatch, plan = rollout.dispatch_scores, rollout.RolloutEngine._calls
+
+    def recording(model_config, params, prompts, cand_ids, perturbation, **kwargs):
+        calls.append((np.asarray(perturbation.versions).tolist(), np.asarray(perturbation.active).tolist(),
+                      float(perturbation.sigma), _digest(params), max(history), ticks[0]))
+        return dispatch(model_config, params, prompts, cand_ids, perturbation, **kwargs)
+
+    def counting(self, waiting, inputs):  # once per tick
+        ticks[0] += 1
+        return plan(self, waiting, inputs)
+
+    monkeypatch.setattr(rollout, "dispatch_scores", recording)
+    monkeypatch.setattr(rollout.RolloutEngine, "_calls", counting)
+    config = load_config(None, [*TINY, "run.updates=3", "run.eval_every=3", "run.checkpoint_every=3",
+                                "es.sigma_schedule=linear", "es.sigma_final=0.01", "schedule.kind=async",
+                                "schedule.max_lag=1"])
+    result = train(config, run_dir=tmp_path / "run")
+    assert theta_moved(result.records) and len(set(history.values())) == 4  # θ_0 … θ_3 all differ
+    sigma_at = build_es_config(config).sigma_at
+    stale = 0
+    for versions, active, sigma, digest, current, _ in calls:
+        (v,) = set(versions)  # one call serves one version
+        assert digest == history[v], f"a row of version {v} ran with another θ (current version {current})"
+        if any(active):
+            assert sigma == pytest.approx(float(sigma_at(v)), rel=1e-6), (v, sigma)
+            stale += v < current
+    assert stale > 0, "no train row was rolled out after its version was superseded: nothing was checked"
+    versions_by_tick = {}  # ticks whose live train rows span versions: an engine passing one θ to all would show
+    for versions, active, *_, tick in calls:
+        if any(active):
+            versions_by_tick.setdefault(tick, set()).update(versions)
+    assert any(len(vs) > 1 for vs in versions_by_tick.values()), "no tick served two versions: nothing was checked"
 
 
 def test_evaluations_write_episode_traces(reference_run):
@@ -119,6 +195,7 @@ def test_sigkill_then_resume_is_bit_identical(reference_run, tmp_path):
     # resumed in this process (its programs are compiled already); the CLI's --resume is
     # test_corrupt_latest_checkpoint_falls_back's
     resumed = train(resume_config(run_dir), run_dir=run_dir, resume=True)
+    assert theta_moved(reference_run.records)  # θ moved: the comparisons below can fail
     assert resumed.version == 4 and same_bits(reference_run.params, resumed.params)
     _, _, params, version = load_run(run_dir)
     assert version == 4
@@ -143,7 +220,7 @@ def test_corrupt_latest_checkpoint_falls_back(reference_run, tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "falling back to the previous checkpoint" in resumed.stderr
     _, _, params, version = load_run(run_dir)
-    assert version == 4 and same_bits(reference_run.params, params)
+    assert version == 4 and theta_moved(reference_run.records) and same_bits(reference_run.params, params)
 
 
 def test_eval_and_export_of_a_run(reference_run, tmp_path, capsys):
@@ -221,10 +298,9 @@ def test_export_settings_keep_the_embedded_policys_prompt_style(tmp_path):
     assert resolve_prompt_style(without, policy) == "chat"  # what eval did before the export kept settings
 
 
-@pytest.mark.skipif(not WEBSHOP_SMALL.is_dir(), reason="../shared/webshop_small is absent")
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_runs_on_real_webshop_data(kind, tmp_path):
-    overrides = [*TINY, f"env.data={WEBSHOP_SMALL}", f"schedule.kind={kind}", "run.updates=2",
+    overrides = [*TINY, "env.data=webshop_small", f"schedule.kind={kind}", "run.updates=2",
                  "run.checkpoint_every=2", "run.eval_every=2"]
     result = train(load_config(None, overrides), run_dir=tmp_path / kind)
     updates = [r for r in result.records if r["kind"] == "update"]

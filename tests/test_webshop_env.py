@@ -137,6 +137,22 @@ def test_exact_purchase_scores_one(env):
     assert env.step("click[buy now]")[1] == 1.0
 
 
+def test_purchase_above_the_ceiling_is_scored_at_the_drawn_price():
+    """The sneaker's listed range is $10-$15 and the shop drew $14 for it; the goal's ceiling is $12. Buying it
+    exactly as asked misses the price term: WebShop scores the drawn price, not the range's low end."""
+    shop = _shop()
+    shop.prices[3] = 14.0
+    shop.goals[0] = make_goal(shop.product(3), index=3, instruction_text=INSTR,
+                              goal_options={"color": "black", "size": "9"}, price_upper=12.0)
+    env = WebShopTextEnv(shop, show_attrs=True, seed=0)
+    env.reset(0)
+    for action in ("search[sneaker]", "click[b000000003]", "click[9]", "click[black]"):
+        env.step(action)
+    obs, reward, done, info = env.step("click[buy now]")
+    assert done and reward == pytest.approx(3 / 4)  # attribute and both options match; $14 > $12
+    assert info["reward_info"]["r_price"] is False and info["reward_info"]["price"] == 14.0
+
+
 MALFORMED = ["click[nonexistent]", "search[]", "foo", "", "click[]", "click[search]", "click[buy]",
              "search", "[x]", "click [back to search]", "x" * 100_000, "search[" + "[" * 50_000, "ü€𝔘[☃]",
              "click[😀]", "search\n[shoes]", "CLICK[next >]", "click[next >", "click next >"]

@@ -16,16 +16,40 @@ from envs.webshop_bridge.search import SearchEngine
 REPO = Path(__file__).resolve().parents[1]
 
 
-def small_dir() -> Path | None:
-    """../shared/webshop_small (or $ESJAX_WEBSHOP_SMALL) if it holds the products file."""
+@lru_cache(maxsize=1)
+def small_dir() -> Path:
+    """../shared/webshop_small (or $ESJAX_WEBSHOP_SMALL) if it holds the products file, else the same data as the
+    package ships it (envs/webshop_bridge/assets/webshop_small, gzipped), decompressed once into the temp folder:
+    the small-set tests run wherever the repository stands alone."""
     env = os.environ.get("ESJAX_WEBSHOP_SMALL")
     for candidate in ([Path(env)] if env else []) + [REPO.parent / "shared" / "webshop_small"]:
         if (candidate / "products_1000.jsonl").exists():
             return candidate
-    return None
+    return packaged_small_dir()
 
 
-requires_small = pytest.mark.skipif(small_dir() is None, reason="../shared/webshop_small is not available")
+def packaged_small_dir() -> Path:
+    """The packaged small set as plain files (what tests that read the files themselves need)."""
+    import gzip
+    import shutil
+    import tempfile
+
+    from envs.webshop_bridge import PACKAGED_DATA
+
+    source = PACKAGED_DATA["webshop_small"]
+    out = Path(tempfile.gettempdir()) / "esjax-test-webshop-small"
+    out.mkdir(exist_ok=True)
+    for gz in sorted(source.glob("*.gz")):
+        target = out / gz.name[:-3]
+        if not target.exists() or target.stat().st_mtime < gz.stat().st_mtime:
+            part = out / f".{target.name}.{os.getpid()}"
+            with gzip.open(gz, "rb") as src, open(part, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            os.replace(part, target)  # atomic: parallel test workers never read half a file
+    return out
+
+
+requires_small = pytest.mark.skipif(small_dir() is None, reason="the small WebShop set is not available")
 
 
 @lru_cache(maxsize=1)
