@@ -5,9 +5,11 @@ slot_utilization, cohort_stale_fraction, discarded, ...) and ``eval`` (version, 
 from per-goal rewards, their 95% intervals ``score_ci_low`` / ``score_ci_high`` / ``success_ci_low`` /
 ``success_ci_high``; a record carrying its per-goal ``rewards`` instead gets them computed here).
 
-``plots/score.png``: the held-out evaluation at every evaluated version (score with its 95% band, success rate
-on a second axis), the training population's fitness per update (mean, min-max band, ±1 SD band) and both
-against wall-clock time. ``plots/staleness.png``: the integer lag histogram and, per update, the stale share of
+``plots/score.png``, four panels that each hold one quantity on one axis: the held-out score at every evaluated
+version with its 95% interval; the success rate with its Wilson interval; the training population's fitness per
+update (mean, min-max band, ±1 SD band; sampled actions of perturbed members on each version's own train goals,
+so not on the held-out score's scale); the held-out score against wall-clock time. Resume and extension points
+of the run are marked. ``plots/staleness.png``: the integer lag histogram and, per update, the stale share of
 the cohort, results discarded and slot utilization (a constant utilization is stated, not drawn).
 ``plots/throughput.png``: episodes and scored tokens per second against wall-clock time, and seconds per update.
 """
@@ -83,39 +85,48 @@ def is_constant(values: list[float], tol: float = 1e-9) -> bool:
     return len(values) > 0 and max(values) - min(values) <= tol
 
 
-def _eval_axes(ax, points: list[dict[str, Any]], xlabel: str, legend: bool) -> None:
-    """Score (left axis, 95% band) and success rate (right axis, %) of every evaluation."""
+def _eval_axes(ax, points: list[dict[str, Any]], xlabel: str, key: str = "score") -> None:
+    """One evaluation quantity per axis: ``score`` (95% t interval over goals) or ``success`` (rate in %, Wilson
+    interval). Points carry error bars; the thin line between them only guides the eye (nothing was measured
+    between evaluations)."""
+    if key == "score":
+        color, scale, label, interval = EVAL_COLOR, 1.0, "held-out score (100 × mean reward)", "95% interval (t)"
+        value = [p["score"] for p in points]
+        bounds = [(p.get("score_ci_low"), p.get("score_ci_high")) for p in points]
+    else:
+        points = [p for p in points if p.get("success_rate") is not None]
+        color, scale, label, interval = SUCCESS_COLOR, 100.0, "success rate (reward = 1)", "95% interval (Wilson)"
+        value = [p["success_rate"] for p in points]
+        bounds = [(p.get("success_ci_low"), p.get("success_ci_high")) for p in points]
     xs = [p["x"] for p in points]
-    ax.plot(xs, [p["score"] for p in points], "o-", color=EVAL_COLOR, label="held-out score (100 × mean reward)")
-    banded = [p for p in points if "score_ci_low" in p]
+    ys = [scale * v for v in value]
+    ax.plot(xs, ys, "-", color=color, linewidth=0.8, alpha=0.5)
+    ax.plot(xs, ys, "o", color=color, label=label)
+    banded = [(x, y, lo, hi) for x, y, (lo, hi) in zip(xs, ys, bounds) if lo is not None and hi is not None]
     if banded:
-        ax.fill_between([p["x"] for p in banded], [p["score_ci_low"] for p in banded],
-                        [p["score_ci_high"] for p in banded], color=EVAL_COLOR, alpha=0.18, linewidth=0,
-                        label="95% interval over goals (t)")
+        ax.errorbar([b[0] for b in banded], [b[1] for b in banded],
+                    yerr=[[b[1] - scale * b[2] for b in banded], [scale * b[3] - b[1] for b in banded]],
+                    fmt="none", ecolor=color, alpha=0.6, capsize=4, label=interval)
+    for x, y in zip(xs, ys):
+        ax.annotate(f"{y:.1f}" + ("%" if key != "score" else ""), (x, y), textcoords="offset points",
+                    xytext=(6, 4), fontsize=7, color=color)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("score", color=EVAL_COLOR)
-    ax.grid(alpha=0.3)
-    right = ax.twinx()
-    rated = [p for p in points if p.get("success_rate") is not None]
-    right.plot([p["x"] for p in rated], [100 * p["success_rate"] for p in rated], "s--", color=SUCCESS_COLOR,
-               markersize=4, linewidth=1, alpha=0.8, label="success rate (reward = 1), right axis")
-    banded = [p for p in rated if "success_ci_low" in p]
-    if banded:
-        lows = [100 * (p["success_rate"] - p["success_ci_low"]) for p in banded]
-        highs = [100 * (p["success_ci_high"] - p["success_rate"]) for p in banded]
-        right.errorbar([p["x"] for p in banded], [100 * p["success_rate"] for p in banded], yerr=[lows, highs],
-                       fmt="none", ecolor=SUCCESS_COLOR, alpha=0.45, capsize=3, label="its 95% interval (Wilson)")
-    right.set_ylabel("success rate", color=SUCCESS_COLOR)
-    top = max(right.get_ylim()[1], 1.0)
-    right.set_ylim(-0.03 * top, top)  # from 0% (a marker at 0% stays whole)
-    right.yaxis.set_major_formatter(PercentFormatter(decimals=0 if top >= 10 else 1))  # 2.2% and 4.6%: no "2%, 2%"
+    ax.set_ylabel("score" if key == "score" else "success rate")
+    if key != "score":
+        top = max(ax.get_ylim()[1], 1.0)
+        ax.set_ylim(-0.03 * top, top)
+        ax.yaxis.set_major_formatter(PercentFormatter(decimals=0 if top >= 10 else 1))
     low, high = ax.get_ylim()
-    if high - low < 5:  # a flat score (e.g. 0 everywhere): a readable range instead of ±0.05
+    if key == "score" and high - low < 5:  # a flat score (e.g. 0 everywhere): a readable range instead of ±0.05
         ax.set_ylim(low - (5 - (high - low)) / 2, high + (5 - (high - low)) / 2)
-    if legend:
-        handles, labels = ax.get_legend_handles_labels()
-        more, more_labels = right.get_legend_handles_labels()
-        _legend_below(ax, handles + more, labels + more_labels)
+    ax.grid(alpha=0.3)
+
+
+def _mark_resumes(ax, marks: list[tuple[int, str]]) -> None:
+    """A dashed vertical line where the run was resumed or extended."""
+    for i, (version, label) in enumerate(marks):
+        ax.axvline(version, color="tab:gray", linestyle="--", linewidth=0.9, alpha=0.8,
+                   label=f"{label} here" if label not in [m[1] for m in marks[:i]] else None)
 
 
 def _legend_below(ax, handles=None, labels=None) -> None:
@@ -143,12 +154,14 @@ def _fitness_axes(ax, band: dict[str, list[float]], xlabel: str, legend: bool) -
         _legend_below(ax)
 
 
-def write_plots(records: list[dict[str, Any]], out_dir: str | Path, title: str | None = None) -> list[Path]:
-    """Write the run's figures into ``out_dir`` and return their paths (``title``: e.g. run name, seed, commit)."""
+def write_plots(records: list[dict[str, Any]], out_dir: str | Path, title: str | None = None,
+                marks: list[tuple[int, str]] = ()) -> list[Path]:
+    """Write the run's figures into ``out_dir`` and return their paths (``title``: e.g. run name, seed, commit;
+    ``marks``: ``(version, 'resumed' | 'extended')`` of the run's resumes, drawn on the per-version panels)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, draw in (("score.png", _score_figure), ("staleness.png", _staleness_figure),
+    for name, draw in (("score.png", lambda r: _score_figure(r, list(marks))), ("staleness.png", _staleness_figure),
                        ("throughput.png", _throughput_figure)):
         fig = draw(records)
         if title:
@@ -160,25 +173,31 @@ def write_plots(records: list[dict[str, Any]], out_dir: str | Path, title: str |
     return paths
 
 
-def _score_figure(records: list[dict[str, Any]]):
-    """Held-out evaluation and training fitness, against updates and against wall-clock time."""
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    _eval_axes(axes[0], eval_points(records), "ES updates (version)", legend=True)
-    axes[0].set_title("held-out evaluation (greedy, unperturbed θ)", fontsize=9)
-    _fitness_axes(axes[1], fitness_band(records), "ES updates (version)", legend=True)
-    axes[1].set_title("training population (each update's cohort)", fontsize=9)
-    xs, ys = _series(records, "update", "fitness_mean", "wall_time")
-    axes[2].plot(xs, [100 * y for y in ys], "-", color=FITNESS_COLOR, alpha=0.8, label="cohort mean fitness ×100")
-    points = eval_points(records, "wall_time")
-    axes[2].plot([p["x"] for p in points], [p["score"] for p in points], "o-", color=EVAL_COLOR,
-                 label="held-out score")
-    axes[2].set_xlabel("wall-clock (s)")
-    axes[2].set_ylabel("score / fitness ×100")
-    axes[2].set_title("against wall-clock time", fontsize=9)
-    axes[2].grid(alpha=0.3)
-    _legend_below(axes[2])
-    for ax in axes[:2]:
+#: Why the training curve is not on the held-out score's scale (printed under its panel).
+FITNESS_NOTE = ("training fitness: perturbed members (θ + σε), sampled actions, each version's own train goals —\n"
+                "not comparable to the greedy held-out score; it can fall while the held-out score rises")
+
+
+def _score_figure(records: list[dict[str, Any]], marks: list[tuple[int, str]] = ()):
+    """Held-out score, success rate, training fitness (each on its own axis) and the score against wall-clock."""
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8.6))
+    points = eval_points(records)
+    _eval_axes(axes[0, 0], points, "ES updates (version)", "score")
+    axes[0, 0].set_title("held-out score (greedy, unperturbed θ)", fontsize=9)
+    _eval_axes(axes[0, 1], points, "ES updates (version)", "success")
+    axes[0, 1].set_title("held-out success rate", fontsize=9)
+    _fitness_axes(axes[1, 0], fitness_band(records), "ES updates (version)", legend=False)
+    axes[1, 0].set_title("training population (each update's cohort)", fontsize=9)
+    axes[1, 0].text(0.0, -0.2, FITNESS_NOTE, transform=axes[1, 0].transAxes, fontsize=7, va="top", color="0.3")
+    timed = eval_points(records, "wall_time")
+    _eval_axes(axes[1, 1], timed, "wall-clock (s)", "score")
+    axes[1, 1].set_title("held-out score against wall-clock time", fontsize=9)
+    for ax in (axes[0, 0], axes[0, 1], axes[1, 0]):
+        _mark_resumes(ax, list(marks))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in axes.flat:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="best", frameon=False)
     return fig
 
 
@@ -342,11 +361,16 @@ def behaviour_lines(behaviour: dict[int, dict[str, float]]) -> list[str]:
 
 def write_summary(records: list[dict[str, Any]], out_path: str | Path, title: str,
                   run_info: dict[str, Any] | None = None,
-                  behaviour: dict[int, dict[str, float]] | None = None) -> str:
+                  traces: dict[int, list[dict[str, Any]]] | None = None) -> str:
     """A short markdown summary: every evaluation (score, success rate, their 95% intervals where the record has
-    them or its per-goal rewards), the agent's ``behaviour`` (version -> :func:`esjax.traces.behaviour`) at the
-    first and last evaluation, updates, acceptance, staleness, warnings, and (from ``run_info``, the run's
-    run.json) the commit, overrides and machine."""
+    them or its per-goal rewards), the score change with its interval (paired by goal when ``traces`` of the first
+    and last evaluation are given) and the agent's behaviour at both (:func:`esjax.traces.behaviour`), updates,
+    acceptance, staleness, warnings, and (from ``run_info``, the run's run.json) the commit, overrides and
+    machine."""
+    from esjax.traces import behaviour as behaviour_of
+    from esjax.traces import paired_delta
+
+    traces = traces or {}
     evals = eval_points(records)
     goals = {r["version"]: r.get("goals") for r in records if r.get("kind") == "eval" and "version" in r}
     updates = [r for r in records if r.get("kind") == "update"]
@@ -364,9 +388,17 @@ def write_summary(records: list[dict[str, Any]], out_path: str | Path, title: st
         lines.append("")
         if len(evals) >= 2:
             first, last = evals[0], evals[-1]
-            lines += [f"Δ score: {last['score'] - first['score']:+.1f} on {goals.get(last['x'], '?')} held-out "
-                      "goals.", ""]
-    lines += behaviour_lines(behaviour or {})
+            paired = (paired_delta(traces[first["x"]], traces[last["x"]])
+                      if first["x"] in traces and last["x"] in traces else None)
+            if paired is not None:
+                change = (f"Δ score: {paired['delta']:+.1f}, 95% interval [{paired['low']:+.1f}, "
+                          f"{paired['high']:+.1f}] over the {paired['goals']} held-out goals, paired by goal "
+                          f"({paired['better']} goals better, {paired['worse']} worse)")
+            else:
+                change = f"Δ score: {last['score'] - first['score']:+.1f} on {goals.get(last['x'], '?')} held-out goals"
+            lines += [f"{change}. This is one run (one seed): the interval covers the choice of goals, not the "
+                      "spread from seed to seed; compare settings over several seeds.", ""]
+    lines += behaviour_lines({v: behaviour_of(lines_) for v, lines_ in traces.items()})
     if updates:
         last = updates[-1]
         counts = lag_counts(records)

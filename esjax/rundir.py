@@ -83,14 +83,27 @@ def run_metadata(config: Config, overrides: list[str] | None = None) -> dict[str
             "device_kind": jax.devices()[0].device_kind, "mesh": mesh, **session(overrides)}
 
 
-def record_resume(run_dir: Path, overrides: list[str] | None) -> None:
-    """Append this resume (commit, overrides, machine) to run.json's ``resumes`` list (best effort: a run.json
-    that is missing or unreadable is left alone)."""
+def record_resume(run_dir: Path, overrides: list[str] | None, version: int | None = None) -> None:
+    """Append this resume (the version it continues from, commit, overrides, machine) to run.json's ``resumes``
+    list (best effort: a run.json that is missing or unreadable is left alone)."""
     meta = read_run_info(run_dir)
     if meta is None:
         return
-    meta.setdefault("resumes", []).append(session(overrides))
+    meta.setdefault("resumes", []).append({"version": version, **session(overrides)})
     (run_dir / "run.json").write_text(json.dumps(meta, indent=2))
+
+
+def resume_marks(run_info: dict[str, Any] | None) -> list[tuple[int, str]]:
+    """``(version, label)`` of every resume in run.json that continued a run: 'extended' when it raised
+    ``run.updates``, 'resumed' otherwise (resumes recorded before versions were kept are skipped)."""
+    marks = []
+    for entry in (run_info or {}).get("resumes", []):
+        version = entry.get("version")
+        if version is None:
+            continue
+        extended = any(str(item).startswith("run.updates=") for item in entry.get("overrides") or [])
+        marks.append((int(version), "extended" if extended else "resumed"))
+    return marks
 
 
 def plot_title(config: Config, run_info: dict[str, Any] | None) -> str:

@@ -155,10 +155,29 @@ def behaviour(lines: Iterable[dict[str, Any]]) -> dict[str, float]:
             "steps_per_episode": steps / n}
 
 
-def traced_behaviour(traces_dir: str | Path) -> dict[int, dict[str, float]]:
-    """:func:`behaviour` of the first and the last ``eval-v<version>.jsonl`` in a run's traces folder, by version."""
+def first_and_last_traces(traces_dir: str | Path) -> dict[int, list[dict[str, Any]]]:
+    """The trace lines of the first and the last ``eval-v<version>.jsonl`` in a run's traces folder, by version."""
     files = {int(p.stem.split("-v")[1]): p for p in Path(traces_dir).glob("eval-v*.jsonl")
              if p.stem.split("-v")[1].isdigit()}
     if not files:
         return {}
-    return {v: behaviour(read_traces(files[v])) for v in sorted({min(files), max(files)})}
+    return {v: read_traces(files[v]) for v in sorted({min(files), max(files)})}
+
+
+def paired_delta(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Score change between two evaluations on the same goals, with its 95% t interval over the per-goal
+    differences (pairing by goal removes the goals' own spread). None unless both cover the same goals."""
+    import numpy as np
+
+    from esjax.stats import t975
+
+    a = {line["goal"]: line["reward"] for line in before}
+    b = {line["goal"]: line["reward"] for line in after}
+    if not a or a.keys() != b.keys():
+        return None
+    diffs = 100 * np.array([b[g] - a[g] for g in sorted(a)])
+    n = len(diffs)
+    half = t975(n - 1) * diffs.std(ddof=1) / np.sqrt(n) if n > 1 else float("nan")
+    mean = float(diffs.mean())
+    return {"delta": mean, "low": mean - half, "high": mean + half, "goals": n,
+            "better": int((diffs > 0).sum()), "worse": int((diffs < 0).sum())}

@@ -34,6 +34,7 @@ from esjax.rundir import (
     prepare_run_dir,
     read_run_info,
     record_resume,
+    resume_marks,
     run_metadata,
     storage_reason,
 )
@@ -156,7 +157,7 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
         writer = MetricsWriter(run_dir, config.run.tensorboard, wandb) if primary else RecordCounter(kept)
         barrier("esjax: run restored")
         if resume and primary:
-            record_resume(run_dir, overrides)
+            record_resume(run_dir, overrides, trainer.version)
             if overrides:  # config.yaml says what the run is now (e.g. an extended run.updates)
                 (run_dir / CONFIG_FILE).write_text(config_to_yaml(config))
     except BaseException as err:
@@ -186,14 +187,14 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
         summary = None
         if primary:
             from esjax.plots import write_plots, write_summary
-            from esjax.traces import traced_behaviour
+            from esjax.traces import first_and_last_traces
 
             run_info = read_run_info(run_dir)
             if config.run.plots:
-                write_plots(records, run_dir / "plots", plot_title(config, run_info))
+                write_plots(records, run_dir / "plots", plot_title(config, run_info), resume_marks(run_info))
             summary = write_summary(records, run_dir / "summary.md",
                                     f"{config.run.name}: {config.schedule.kind} ES", run_info=run_info,
-                                    behaviour=traced_behaviour(run_dir / "traces"))
+                                    traces=first_and_last_traces(run_dir / "traces"))
         failed = False
     except OSError as err:  # a full or read-only disk under the run directory: stop, keep the last checkpoint
         raise StorageError(f"{run_dir}: cannot write the run ({storage_reason(err)}); stopped at version "

@@ -61,18 +61,24 @@ def test_eval_points_and_bands():
 
 
 def test_figures_show_bands_success_rate_integer_lags(figures, tmp_path):
-    paths = plots.write_plots(_records(), tmp_path, title="default: async ES (K=1), seed 0, commit 0123abcd")
+    paths = plots.write_plots(_records(), tmp_path, title="default: async ES (K=1), seed 0, commit 0123abcd",
+                              marks=[(3, "resumed"), (5, "extended")])
     assert [p.name for p in paths] == ["score.png", "staleness.png", "throughput.png"]
     assert all(p.stat().st_size > 0 for p in paths)
     score, staleness, throughput = figures
     assert score._suptitle.get_text().endswith("seed 0, commit 0123abcd")
-    evaluation, population, wall, success = score.axes  # the success rate's axis is the evaluation panel's twin
-    assert evaluation.lines[0].get_xdata().tolist() == [0, 3, 6]  # every evaluation point
-    assert "95% interval over goals (t)" in _labels(evaluation)
-    assert success.get_shared_x_axes().joined(success, evaluation)
-    assert success.lines[0].get_label() == "success rate (reward = 1), right axis"
-    assert "its 95% interval (Wilson)" in _labels(success)
+    evaluation, success, population, wall = score.axes  # one quantity per panel, no twin axes
+    assert evaluation.get_ylabel() == "score" and success.get_ylabel() == "success rate"
+    assert population.get_ylabel() == "training fitness ×100" and wall.get_xlabel() == "wall-clock (s)"
+    points = [line for line in evaluation.lines if line.get_label() == "held-out score (100 × mean reward)"]
+    assert points[0].get_xdata().tolist() == [0, 3, 6]  # every evaluation point
+    assert "95% interval (t)" in _labels(evaluation) and "95% interval (Wilson)" in _labels(success)
+    rates = [line for line in success.lines if line.get_label() == "success rate (reward = 1)"]
+    assert max(rates[0].get_ydata()) > 1  # in percent
     assert {"cohort mean fitness ×100", "cohort min-max", "mean ± 1 SD"} <= set(_labels(population))
+    assert "not comparable to the greedy held-out score" in population.texts[0].get_text()
+    for ax in (evaluation, success, population):  # where the run was resumed / extended
+        assert {"resumed here", "extended here"} <= set(_labels(ax))
     lags, per_update, discards = staleness.axes
     assert [t.get_text() for t in lags.get_xticklabels()] == ["0", "1"]  # whole lags only
     assert "slot utilization (busy slots / slots)" in _labels(per_update)

@@ -6,12 +6,21 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from esjax.inflight import Evaluation
 from esjax.plots import behaviour_lines
 from esjax.stats import Z975, eval_intervals, score_interval, t975, wilson_interval
-from esjax.traces import SNIPPET_CHARS, TraceRecorder, behaviour, snippet, traced_behaviour, write_traces
+from esjax.traces import (
+    SNIPPET_CHARS,
+    TraceRecorder,
+    behaviour,
+    first_and_last_traces,
+    paired_delta,
+    snippet,
+    write_traces,
+)
 
 INSTRUCTION = "i need a red wool scarf, and price lower than 30.00 dollars"
 
@@ -123,8 +132,19 @@ def test_summary_behaviour_table_reads_the_first_and_last_traces(tmp_path):
     write_traces(tmp_path / "eval-v15.jsonl", [_line(["search[x]", "click[b07abc1234]", "click[buy now]"])])
     write_traces(tmp_path / "eval-v30.jsonl", [_line(["search[x]", "click[b07abc1234]", "click[red]",
                                                       "click[buy now]"])])
-    found = traced_behaviour(tmp_path)
+    found = first_and_last_traces(tmp_path)
     assert sorted(found) == [0, 30]
-    text = "\n".join(behaviour_lines(found))
+    text = "\n".join(behaviour_lines({v: behaviour(lines) for v, lines in found.items()}))
     assert "| | v0 | v30 |" in text and "| option clicks per item page | 0.00 | 1.00 |" in text
-    assert traced_behaviour(tmp_path / "missing") == {} and behaviour_lines({}) == []
+    assert first_and_last_traces(tmp_path / "missing") == {} and behaviour_lines({}) == []
+
+
+def test_paired_delta_pairs_goals():
+    before = [{"goal": g, "reward": r} for g, r in [(3, 0.5), (1, 0.0), (2, 1.0)]]
+    after = [{"goal": g, "reward": r} for g, r in [(1, 0.5), (2, 1.0), (3, 1.0)]]
+    d = paired_delta(before, after)
+    diffs = np.array([50.0, 0.0, 50.0])  # goals 1, 2, 3
+    half = t975(2) * diffs.std(ddof=1) / np.sqrt(3)
+    assert d["delta"] == pytest.approx(diffs.mean()) and d["high"] == pytest.approx(diffs.mean() + half)
+    assert (d["goals"], d["better"], d["worse"]) == (3, 2, 0)
+    assert paired_delta(before, after[:2]) is None  # not the same goals: no pairing
