@@ -59,6 +59,7 @@ from esjax.parts import (
     build_policy,
     build_pool,
     build_shop,
+    held_out_goals,
 )
 from esjax.progress import Progress
 from esjax.traces import write_traces
@@ -79,7 +80,7 @@ class Trainer:
         self.run_dir = run_dir
         self.shop = build_shop(config)
         self.train_goals = list(self.shop.split("train"))
-        self.eval_goals = list(self.shop.split(config.env.eval_split))[: config.env.eval_goals]
+        self.eval_goals = held_out_goals(config, self.shop, quiet=jax.process_index() != 0)
         if not self.train_goals:
             raise ConfigError("env: the shop has no train goals")
         if not self.eval_goals:

@@ -96,7 +96,7 @@ def _settings_line(config: Any, base: dict[str, Any], user_set: dict[str, str], 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from esjax.config import key_paths, load_config, read_yaml
-    from esjax.parts import build_agent, build_policy, build_shop, load_run, resolve_prompt_style
+    from esjax.parts import build_agent, build_policy, build_shop, held_out_goals, load_run, resolve_prompt_style
     from esjax.rundir import resume_config
 
     overrides = []
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         shop = build_shop(config)
         policy = build_policy(config, shop)
         params, what = policy.params, args.model
-    goals = list(shop.split(config.env.eval_split))[: config.env.eval_goals]
+    goals = held_out_goals(config, shop)
     if not goals:
         raise UserError(f"env.eval_split: no {config.env.eval_split!r} goals in this shop")
     print(f"evaluating {what} on {len(goals)} {config.env.eval_split} {config.env.goals} goals of {shop.name}, max "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +85,17 @@ def _local_pool(config: Config, shop, capacity: int) -> EnvPool:
     from esjax.envpool_ray import RayEnvPool
 
     return RayEnvPool(shop_spec(config), capacity, workers=env.workers, address=env.ray_address)
+
+
+def held_out_goals(config: Config, shop, quiet: bool = False) -> list[int]:
+    """The first ``env.eval_goals`` goals of ``env.eval_split``; says so when the split holds fewer than asked
+    (e.g. a small synthetic shop), so an evaluation "on 129 goals" after asking for 200 is never a surprise."""
+    split = list(shop.split(config.env.eval_split))
+    goals = split[: config.env.eval_goals]
+    if len(split) < config.env.eval_goals and goals and not quiet:
+        print(f"note: env.eval_goals={config.env.eval_goals}, but the {config.env.eval_split} split of {shop.name} "
+              f"holds {len(split)} goals: evaluating on all {len(split)}", file=sys.stderr, flush=True)
+    return goals
 
 
 def shop_texts(shop, limit: int = 5000):

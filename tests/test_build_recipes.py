@@ -47,6 +47,8 @@ def _launches() -> list[tuple[str, str, list[str], list[str]]]:
     """(heading, recipe text, esjax.run argv, esjax.plan argv) of every launch command naming a config."""
     found = []
     for heading, text in _recipes():
+        if "ESJAX_CPU_DEVICES" in text:  # a CPU demo on simulated devices: nothing to plan (run as written by
+            continue                     # tests/test_trainer_multiprocess.py)
         runs = [m.group(1).split() for m in re.finditer(r"python -m esjax\.run ([^`\"]*)", text)]
         runs = [argv for argv in runs if "--config" in argv and argv[argv.index("--config") + 1].startswith("configs/")]
         plans = [m.group(1).split() for m in re.finditer(r"python -m esjax\.plan ([^`]*)", text)]

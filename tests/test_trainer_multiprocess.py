@@ -98,3 +98,36 @@ def test_two_processes_match_one_process_and_resume_after_a_kill(tmp_path, pytho
     assert v3 == 3
     _same(theta2, theta3)
     assert _records(killed) == _records(two)
+
+
+def _build_md_two_process_commands() -> list[str]:
+    """The two shell command lines of BUILD.md's "Several processes" recipe, continuation lines joined."""
+    section = (REPO / "BUILD.md").read_text().split("**Several processes**", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = [line for line in block.replace("\\\n", " ").splitlines() if line.strip() and not line.startswith("#")]
+    return [" ".join(line.split()) for line in lines]
+
+
+def test_build_md_two_process_recipe_as_written_trains_like_one_process(tmp_path, python_child, child_env):
+    """BUILD.md's two-process command lines, run as written (only the port and the run directory replaced), train
+    the main job's policy: θ moves, and the records equal one process driving 8 devices with the same settings."""
+    commands = _build_md_two_process_commands()
+    assert len(commands) == 2 and all("python -m esjax.run --config configs/default.yaml" in c for c in commands)
+    two, port = tmp_path / "two", free_port()
+    procs = [subprocess.Popen(["bash", "-c", command.replace("127.0.0.1:8476", f"127.0.0.1:{port}")
+                               .replace("runs/two", str(two))], cwd=REPO, env=child_env(fast=True),
+                              stdout=(tmp_path / f"recipe{p}.out").open("w"),
+                              stderr=(tmp_path / f"recipe{p}.err").open("w")) for p, command in enumerate(commands)]
+    _wait(procs, tmp_path, "recipe")
+    argv = commands[0].split("python -m esjax.run ", 1)[1].replace("--set mesh.distributed=true ", "").split()
+    one = tmp_path / "one"
+    python_child(["-m", "esjax.run"], *[a if a != "runs/two" else str(one) for a in argv], devices=8, fast=True,
+                 timeout=900)
+    records = _records(two)
+    assert any(r["kind"] == "update" and r["update_norm"] > 0 for r in records), "θ did not move"
+    assert [r["goals"] for r in records if r["kind"] == "eval"] == [20, 20]  # env.eval_goals as asked
+    assert records == _records(one)
+    _same(_final(two)[1], _final(one)[1])
+    chatter = [line for p in range(2) for stream in ("out", "err")
+               for line in (tmp_path / f"recipe{p}.{stream}").read_text().splitlines() if "[Gloo]" in line]
+    assert not chatter, chatter[:3]  # collective set-up messages are silenced

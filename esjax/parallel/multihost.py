@@ -21,6 +21,7 @@ another task died" within ``heartbeat_timeout`` seconds instead of letting them 
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import sys
 import threading
@@ -158,6 +159,8 @@ def initialize(config: DistributedConfig | None = None) -> ProcessInfo:
     if config.cpu_devices is not None:
         jax.config.update("jax_num_cpu_devices", int(config.cpu_devices))
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if os.environ.get("ESJAX_GLOO_LOGS", "0") in ("", "0"):
+        drop_native_stdout_lines(GLOO_CHATTER)
     kwargs: dict[str, Any] = dict(
         coordinator_address=config.coordinator_address, num_processes=config.num_processes,
         process_id=config.process_id, initialization_timeout=config.init_timeout,
@@ -185,6 +188,42 @@ def initialize(config: DistributedConfig | None = None) -> ProcessInfo:
     finally:
         watchdog.cancel()
     return process_info()
+
+
+#: What gloo prints on stdout each time a process connects a communicator ("[Gloo] Rank 0 is connected to 7 peer
+#: ranks. ..."), several times per process: set-up noise, dropped unless ESJAX_GLOO_LOGS=1.
+GLOO_CHATTER = "[Gloo] Rank "
+_native_stdout_filtered = False
+
+
+def drop_native_stdout_lines(prefix: str) -> None:
+    """Drop lines starting with ``prefix`` that native code (C++ ``std::cout``) writes to file descriptor 1.
+
+    Python's own output is unaffected: ``sys.stdout`` moves to a duplicate of the original descriptor (so it is
+    still a terminal where it was one), and fd 1 becomes a pipe that a daemon thread copies there, line by line,
+    without the dropped lines. Called once per process; a no-op where fd 1 cannot be redirected."""
+    global _native_stdout_filtered
+    if _native_stdout_filtered:
+        return
+    try:
+        sys.stdout.flush()
+        original = os.dup(1)
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, 1)
+        os.close(write_end)
+    except (OSError, ValueError, AttributeError):
+        return
+    _native_stdout_filtered = True
+    sys.stdout = io.TextIOWrapper(io.FileIO(original, "w", closefd=False), line_buffering=True,
+                                  encoding=getattr(sys.stdout, "encoding", None) or "utf-8")
+
+    def copy() -> None:
+        with io.FileIO(read_end, "r") as pipe:
+            for line in io.BufferedReader(pipe):
+                if not line.startswith(prefix.encode()):
+                    os.write(original, line)
+
+    threading.Thread(target=copy, name="esjax-native-stdout", daemon=True).start()
 
 
 _CHECK = ("Check that every process was started with the same coordinator address and process count, that "
