@@ -119,10 +119,13 @@ def behaviour(lines: Iterable[dict[str, Any]]) -> dict[str, float]:
     """What a greedy agent did, from an evaluation's trace lines: per episode, searches, products opened and
     option clicks; option clicks per item page; the share of item pages with at least one option click; buys on
     the first item page; buys, step-cap hits. This is what tells a score change apart: a higher score from
-    choosing options shows here as option clicks, one from better products as fewer item pages per buy."""
+    choosing options shows here as option clicks (and whether the options clicked are the ones the instruction
+    names), one from better products as fewer item pages per buy."""
     episodes = searches = opened = options = pages_with_option = bought = first_page_buys = capped = steps = 0
+    named = 0
     for line in lines:
         episodes += 1
+        words = f" {' '.join(str(line.get('instruction', '')).lower().replace(',', ' ').split())} "
         steps += int(line.get("steps", 0))
         capped += line.get("end") == "max_steps"
         opened_here, clicked_option = 0, False
@@ -145,12 +148,14 @@ def behaviour(lines: Iterable[dict[str, Any]]) -> dict[str, float]:
                 clicked_option = False
             else:
                 options += 1
+                named += f" {target} " in words  # the option rule's test: the value appears as words
                 clicked_option = True
         pages_with_option += clicked_option
     n = max(episodes, 1)
     return {"episodes": episodes, "searches_per_episode": searches / n, "item_pages_per_episode": opened / n,
             "option_clicks_per_item_page": options / max(opened, 1),
             "item_pages_with_option_click": pages_with_option / max(opened, 1),
+            "option_clicks_named_in_instruction": named / max(options, 1),
             "bought": bought / n, "bought_on_first_item_page": first_page_buys / n, "step_cap_hits": capped / n,
             "steps_per_episode": steps / n}
 

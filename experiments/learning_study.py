@@ -112,6 +112,7 @@ def run_one(setting: str, seed: int, run_dir: Path) -> dict:
 
 BEHAVIOUR_KEYS = (("option_clicks_per_item_page", "option clicks / item page", "{:.2f}"),
                   ("item_pages_with_option_click", "item pages with an option click", "{:.0%}"),
+                  ("option_clicks_named_in_instruction", "option clicks the instruction names", "{:.0%}"),
                   ("item_pages_per_episode", "item pages / episode", "{:.2f}"),
                   ("step_cap_hits", "step-cap hits", "{:.1%}"))
 
@@ -168,6 +169,9 @@ def report(out: Path) -> str:
         runs = found[name]
         cells = []
         for key, _, fmt in BEHAVIOUR_KEYS:
+            if not all(key in r["behaviour"][0] for r in runs):  # runs recorded before the measure existed
+                cells.append("n/a")
+                continue
             before = np.mean([r["behaviour"][0][key] for r in runs])
             after = np.mean([r["behaviour"][1][key] for r in runs])
             cells.append(f"{fmt.format(before)} → {fmt.format(after)}")

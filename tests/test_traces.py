@@ -103,7 +103,8 @@ def test_eval_intervals():
 
 
 def _line(actions, end="bought", steps=None):
-    return {"actions": [[a, ""] for a in actions], "end": end, "steps": len(actions) if steps is None else steps}
+    return {"instruction": INSTRUCTION, "actions": [[a, ""] for a in actions], "end": end,
+            "steps": len(actions) if steps is None else steps}
 
 
 def test_behaviour_counts_what_the_agent_did():
@@ -121,6 +122,7 @@ def test_behaviour_counts_what_the_agent_did():
     assert b["item_pages_per_episode"] == pytest.approx(4 / 3)
     assert b["option_clicks_per_item_page"] == pytest.approx(2 / 4)
     assert b["item_pages_with_option_click"] == pytest.approx(1 / 4)
+    assert b["option_clicks_named_in_instruction"] == pytest.approx(1 / 2)  # 'red' is named, 'large' is not
     assert b["bought"] == pytest.approx(2 / 3) and b["bought_on_first_item_page"] == pytest.approx(1 / 3)
     assert b["step_cap_hits"] == pytest.approx(1 / 3)
     assert b["steps_per_episode"] == pytest.approx((5 + 5 + 15) / 3)
