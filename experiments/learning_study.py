@@ -7,7 +7,7 @@ score only the setting this study freezes (``configs/default.yaml``, run with se
 
 Runs go in ``OUT/<setting>/seed<s>/``. A finished run keeps its records (``config.yaml``, ``run.json``,
 ``metrics.jsonl``, ``summary.md``, ``behaviour.json``: what the greedy agent did before and after, measured from
-the evaluation traces) and drops its checkpoints and raw traces (large, and re-made by re-running the seed). A run
+the evaluation traces, which are kept gzipped) and drops its checkpoints. A run
 directory holding ``summary.md`` is done and skipped, so the study can be stopped and continued::
 
     python experiments/learning_study.py --settings norms,norms-N32 --seeds 1000,1001,1002
@@ -21,6 +21,7 @@ compares every setting on the same seeds. All runs of one process share its comp
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shutil
 import sys
@@ -78,15 +79,19 @@ def is_finished(run_dir: Path) -> bool:
 
 
 def finish_records(run_dir: Path) -> dict:
-    """Behaviour before/after from the evaluation traces into ``behaviour.json``; drop checkpoints and traces."""
+    """Behaviour before/after from the evaluation traces into ``behaviour.json``; traces gzipped (a measure added
+    later can be computed from them), checkpoints and plots dropped."""
     from esjax.traces import behaviour, read_traces
 
     out = {}
     for path in sorted((run_dir / "traces").glob("eval-v*.jsonl")):
         version = int(path.stem.split("-v")[1])
         out[str(version)] = behaviour(read_traces(path))
+        with open(path, "rb") as src, gzip.open(path.with_name(path.name + ".gz"), "wb", mtime=0) as dst:
+            shutil.copyfileobj(src, dst)
+        path.unlink()
     (run_dir / "behaviour.json").write_text(json.dumps(out, indent=1) + "\n")
-    for name in ("checkpoints", "traces", "plots"):
+    for name in ("checkpoints", "plots"):
         shutil.rmtree(run_dir / name, ignore_errors=True)
     return out
 
