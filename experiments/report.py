@@ -661,6 +661,8 @@ def _settings(grid: dict[str, list[dict]]) -> list[str]:
             "es.optimizer",
             "schedule.slots", "env.tasks_per_member", "env.max_steps", "env.eval_goals", "env.eval_split",
             "agent.temperature"]
+    if all((c.get("env") or {}).get("data") != "synthetic" for c in configs):
+        keys.remove("env.num_products")  # sizes the synthetic shop only: a WebShop set ignores it
     lines = []
     for name in keys:
         section, key = name.split(".")
