@@ -148,8 +148,8 @@ def default_scope_warning(params: PyTree, spec: NoiseSpec) -> str | None:
     if not vectors:
         return None
     shown = ", ".join(vectors[:8]) + (f" and {len(vectors) - 8} more" if len(vectors) > 8 else "")
-    return (f"the default noise scope Scope('matrices') perturbs only matrices, so these {len(vectors)} "
-            f"floating leaves stay at their initial values: {shown}. Pass NoiseSpec(scope=Scope('all')) to "
+    return (f"the default noise scope Scope('matrices') perturbs only matrices, so these floating leaves stay "
+            f"at their initial values: {shown}. Pass NoiseSpec(scope=Scope('all')) to "
             "perturb every floating leaf (or Scope('matrices') to keep them frozen and silence this warning)")
 
 
