@@ -37,6 +37,7 @@ from pydantic import (
     Field,
     SerializerFunctionWrapHandler,
     ValidationError,
+    field_validator,
     model_serializer,
     model_validator,
 )
@@ -314,17 +315,30 @@ ScheduleSection = Annotated[SyncSchedule | AsyncSchedule | ControlledSchedule | 
 DEFAULT_SCHEDULE = AsyncSchedule()
 
 
+#: Deprecated names of env.goals values: ``synthetic`` was WebShop's templated goal set (items_ins_v2).
+GOAL_SET_ALIASES = {"synthetic": "templated"}
+
+
+def goal_set_label(env: EnvSection) -> str:
+    """What the evaluated goals are, for printed lines: ``templated`` / ``human`` WebShop goals, or the
+    synthetic shop's own (env.goals does not apply to it)."""
+    return "synthetic-shop" if env.data == "synthetic" else env.goals
+
+
 class EnvSection(_Section):
     """Where episodes come from."""
 
     data: str = Field("synthetic", description="'synthetic', 'webshop_small' (the packaged real 1,000-product set) "
                                                "or a folder with WebShop data files")
-    num_products: int = Field(300, ge=10, le=10_000_000, description="synthetic catalog size")
+    num_products: int = Field(300, ge=10, le=10_000_000, description="the synthetic shop's catalog size "
+                                                                       "(env.data: synthetic only; a WebShop set "
+                                                                       "uses all its products)")
     catalog_seed: int = Field(0, ge=0, le=MAX_SEED)
-    goals: Literal["synthetic", "human"] = Field(
-        "synthetic", description="WebShop's goal set: synthetic (instructions generated from the attribute file, "
-                                 "the default) or human (items_human_ins.json: the instructions WebShop's published "
-                                 "test scores use; real data only)")
+    goals: Literal["templated", "human"] = Field(
+        "templated", description="WebShop's goal set (real data): templated (WebShop's instructions built from the "
+                                 "attribute file items_ins_v2, the default) or human (items_human_ins.json: the "
+                                 "instructions WebShop's published test scores use); 'synthetic' is a deprecated "
+                                 "name of templated. The synthetic shop (env.data: synthetic) has its own goals")
     human_file: str | None = Field(None, description="items_human_ins.json for env.goals=human (default: the one in "
                                                      "the env.data folder)")
     tasks_per_member: int = Field(4, ge=1, le=100_000, description="goals in each version's task batch")
@@ -344,6 +358,13 @@ class EnvSection(_Section):
     ray_address: str | None = Field(None, description="Ray cluster of env.pool: ray (e.g. 'auto' or "
                                                       "'ray://head:10001'); null: RAY_ADDRESS, else a local Ray")
 
+    @field_validator("goals", mode="before")
+    @classmethod
+    def _goals_alias(cls, value: Any) -> Any:
+        """``synthetic``, the name before ``templated``: old config.yaml files and exports still load and resume
+        (it never meant the synthetic shop)."""
+        return GOAL_SET_ALIASES.get(value, value) if isinstance(value, str) else value
+
     @model_validator(mode="after")
     def _check(self) -> EnvSection:
         from envs.webshop_bridge.shop import PACKAGED_DATA
@@ -354,7 +375,7 @@ class EnvSection(_Section):
                              f"(expected 'synthetic', {', '.join(map(repr, PACKAGED_DATA))} or a data folder)")
         if self.goals == "human" and self.data == "synthetic":
             raise ValueError("env.goals: 'human' needs real WebShop data (env.data: a folder with "
-                             "items_human_ins.json); the synthetic shop has synthetic goals only")
+                             "items_human_ins.json); the synthetic shop has only its own generated goals")
         if self.human_file is not None and (problem := _path_problem(self.human_file, "file")) is not None:
             raise ValueError(f"env.human_file: {self.human_file[:200]!r} {problem}")
         return self

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,6 +49,7 @@ from esjax.loop.rollout import Episode, RolloutEngine
 from esjax.loop.tasks import hash_ints
 from esjax.loop.types import Result, UpdateRecord
 from esjax.metrics import MetricsWriter, RecordCounter
+from esjax.metrics_schema import SCHEMA_VERSION
 from esjax.model.sharding import put_global
 from esjax.parts import (
     build_agent,
@@ -291,9 +291,10 @@ class Trainer:
         now = self.wall_time()
         ticks = max(since.ticks, 1)
         seconds = max(now - self.last_update_wall, 1e-9)
-        lags = Counter(int(x) for x in record.cohort.lags)
-        return {"kind": "update", **record.summary(), "version": version, "wall_time": now,
-                "tick": self.counters.tick, "lag_hist": {str(k): v for k, v in sorted(lags.items())},
+        # running totals of the applied updates (the open cohort left out), as the end record counts them;
+        # the cohort's own lags are cohort_lag_hist (see esjax/metrics_schema.py)
+        return {"kind": "update", **record.summary(), **self.coord.applied_totals(), "version": version,
+                "wall_time": now, "tick": self.counters.tick,
                 "slot_utilization": since.busy_ticks / ticks, "rows_per_tick": since.rows / ticks,
                 "episodes_per_s": since.episodes / seconds, "tokens_per_s": since.tokens / seconds,
                 "seconds": now - self.last_update_wall,
@@ -331,7 +332,7 @@ class Trainer:
                 self.coord.abandon(jid, duration)
 
     def _write(self, record: dict[str, Any]) -> None:
-        self.writer.write(record)
+        self.writer.write({**record, "schema_version": SCHEMA_VERSION})
 
     def _event(self, event: str, version: int | None = None, **fields: Any) -> None:
         """An ``event`` record (env faults, rejected updates, flat cohorts); ``version`` defaults to t + 1: it

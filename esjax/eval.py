@@ -31,9 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data", help="'synthetic' or a WebShop data folder (default: the run's / config's)")
     parser.add_argument("--split", default=None, choices=["test", "eval", "train"], help="goal split")
     parser.add_argument("--goals", type=int, default=None, help="number of goals (default: the config's)")
-    parser.add_argument("--goal-set", default=None, choices=["synthetic", "human"],
-                        help="WebShop's goal set (env.goals): human = items_human_ins.json, what published WebShop "
-                             "scores use (default: the run's / config's)")
+    parser.add_argument("--goal-set", default=None, choices=["templated", "human", "synthetic"],
+                        help="WebShop's goal set (env.goals): templated = built from items_ins_v2, human = "
+                             "items_human_ins.json, what published WebShop scores use ('synthetic': templated's "
+                             "old name; default: the run's / config's)")
     parser.add_argument("--ignore-run-settings", action="store_true",
                         help="--model: do not read the export's esjax.json (use --config or the defaults)")
     parser.add_argument("--json", action="store_true",
@@ -73,6 +74,14 @@ def _lookup(tree: dict[str, Any], dotted: str) -> Any:
     return node
 
 
+def _applies(key: str, data: str) -> bool:
+    """Whether an env key means anything for this dataset: the catalog size only for the synthetic shop, the
+    WebShop goal set only for real data."""
+    if key == "env.num_products":
+        return data == "synthetic"
+    return not (key in ("env.goals", "env.human_file") and data == "synthetic")
+
+
 def _settings_line(config: Any, base: dict[str, Any], user_set: dict[str, str], path: Path) -> str:
     """``settings from DIR/esjax.json: env.data=..., ...; overridden: env.eval_goals=8 (--goals)``."""
     from esjax.export import EVAL_KEYS
@@ -80,7 +89,7 @@ def _settings_line(config: Any, base: dict[str, Any], user_set: dict[str, str], 
     dumped = config.model_dump(mode="json")
     used, overridden = [], []
     for key in EVAL_KEYS:
-        if key == "env.num_products" and config.env.data != "synthetic":
+        if not _applies(key, config.env.data):
             continue
         value = _lookup(dumped, key)
         if key in user_set:
@@ -95,7 +104,7 @@ def _settings_line(config: Any, base: dict[str, Any], user_set: dict[str, str], 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from esjax.config import key_paths, load_config, read_yaml
+    from esjax.config import goal_set_label, key_paths, load_config, read_yaml
     from esjax.parts import build_agent, build_policy, build_shop, held_out_goals, load_run, resolve_prompt_style
     from esjax.rundir import resume_config
 
@@ -137,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     goals = held_out_goals(config, shop)
     if not goals:
         raise UserError(f"env.eval_split: no {config.env.eval_split!r} goals in this shop")
-    print(f"evaluating {what} on {len(goals)} {config.env.eval_split} {config.env.goals} goals of {shop.name}, max "
+    print(f"evaluating {what} on {len(goals)} {config.env.eval_split} {goal_set_label(config.env)} goals of "
+          f"{shop.name}, max "
           f"{config.env.max_steps} steps, prompt style {resolve_prompt_style(config, policy)}", file=sys.stderr)
     from esjax.evaluate import evaluate_policy
 
@@ -156,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
     else:
         print(f"{what}: score {result['score']:.1f}, success rate {100 * result['success_rate']:.1f}% "
-              f"on {result['goals']} {config.env.eval_split} {config.env.goals} goals ({shop.name})")
+              f"on {result['goals']} {config.env.eval_split} {goal_set_label(config.env)} goals ({shop.name})")
     return 0
 
 

@@ -55,7 +55,7 @@ class MetricsWriter:
         if self._mirrors:
             version = int(record.get("version", 0))
             scalars = {f"{record.get('kind', 'train')}/{key}": value for key, value in record.items()
-                       if isinstance(value, int | float) and not isinstance(value, bool)}
+                       if isinstance(value, int | float) and not isinstance(value, bool) and key != "schema_version"}
             for mirror in self._mirrors:
                 mirror.write(version, scalars)
 

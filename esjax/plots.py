@@ -27,6 +27,7 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator, PercentFormatter  # noqa: E402
 
+from esjax.metrics_schema import cohort_lags  # noqa: E402
 from esjax.stats import eval_intervals  # noqa: E402
 
 EVAL_COLOR, SUCCESS_COLOR, FITNESS_COLOR = "tab:blue", "tab:green", "tab:orange"
@@ -38,12 +39,12 @@ def _series(records: list[dict[str, Any]], kind: str, key: str, x: str = "versio
 
 
 def lag_counts(records: list[dict[str, Any]]) -> Counter:
-    """Histogram of accepted lags over the whole run."""
+    """Histogram of accepted lags over the whole run: the update records' cohort lags summed
+    (:func:`esjax.metrics_schema.cohort_lags`, which also reads schema-1 records)."""
     counts: Counter = Counter()
     for record in records:
         if record.get("kind") == "update":
-            for lag, count in (record.get("lag_hist") or {}).items():
-                counts[int(lag)] += int(count)
+            counts.update(cohort_lags(record))
     return counts
 
 

@@ -67,6 +67,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from esjax.metrics_schema import cohort_lags  # noqa: E402
 from experiments.staleness_grid import DEFAULT_OUT, FRACTIONS, LAGS, Cell, all_cells  # noqa: E402
 
 DEFAULT_RESULTS = REPO / "experiments" / "results"
@@ -148,8 +149,8 @@ def read_run(run_dir: Path) -> dict | None:
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     lags: dict[int, int] = defaultdict(int)
     for r in updates:
-        for lag, count in (r.get("lag_hist") or {}).items():
-            lags[int(lag)] += int(count)
+        for lag, count in cohort_lags(r).items():
+            lags[lag] += count
     accepted = sum(lags.values()) or 1
     durations = [d for r in updates for d in (r.get("durations") or [])]
     last = updates[-1]
@@ -660,6 +661,8 @@ def _settings(grid: dict[str, list[dict]]) -> list[str]:
             "es.optimizer",
             "schedule.slots", "env.tasks_per_member", "env.max_steps", "env.eval_goals", "env.eval_split",
             "agent.temperature"]
+    if all((c.get("env") or {}).get("data") != "synthetic" for c in configs):
+        keys.remove("env.num_products")  # sizes the synthetic shop only: a WebShop set ignores it
     lines = []
     for name in keys:
         section, key = name.split(".")

@@ -556,3 +556,30 @@ def test_main_job_resolves_to_its_published_es_values():
     dumped = load_config(REPO / "configs" / "default.yaml").model_dump(mode="json")
     assert dumped["es"] == DEFAULT_JOB_ES
     assert dumped["schedule"] == {"kind": "async", "max_lag": 1, "slots": 16}
+
+
+def test_goal_set_is_templated_or_human_and_synthetic_still_loads_as_templated(tmp_path):
+    """env.goals names WebShop's goal sets by what they are; 'synthetic' (its old value, which never meant the
+    synthetic shop) loads as 'templated', so an old run directory's config.yaml still loads and resumes."""
+    from esjax.config import goal_set_label
+    from esjax.eval import _settings_line
+
+    old = tmp_path / "config.yaml"
+    old.write_text("env:\n  data: webshop_small\n  num_products: 500\n  goals: synthetic\n")
+    config = load_config(old)
+    assert config.env.goals == "templated" and "goals: templated" in config_to_yaml(config)
+    assert load_config(None, ["env.data=webshop_small", "env.goals=synthetic"]).env.goals == "templated"
+    assert load_config(REPO / "configs" / "default.yaml").env.goals == "templated"
+    with pytest.raises(ConfigError, match="env.goals"):
+        load_config(None, ["env.goals=generated"])
+    assert goal_set_label(config.env) == "templated"
+    assert goal_set_label(load_config(None, ["env.data=synthetic"]).env) == "synthetic-shop"
+    # keys that do not apply to the dataset are not printed as settings: num_products on WebShop data, the
+    # WebShop goal set on the synthetic shop
+    base = {"env": {"data": "webshop_small", "num_products": 500, "goals": "synthetic"}}
+    line = _settings_line(config, base, {}, tmp_path / "esjax.json")
+    assert "env.goals=templated" in line and "num_products" not in line
+    synthetic = load_config(None, ["env.data=synthetic", "env.num_products=500"])
+    line = _settings_line(synthetic, {"env": {"data": "synthetic", "num_products": 500, "goals": "synthetic"}}, {},
+                          tmp_path / "esjax.json")
+    assert "env.num_products=500" in line and "env.goals" not in line

@@ -155,3 +155,26 @@ def test_functional_update_refuses_members_ahead_of_the_state():
         ES(config).update(state, versions=np.array([1, 1, 2, 0]), indices=np.arange(4), fitness=fitness)
     new, _ = update(config, state, np.array([1, 1, 0, 0], np.int32), np.arange(4, dtype=np.int32), fitness)
     assert int(new.version) == 2
+
+
+def test_init_reports_the_scope_and_warns_when_the_default_scope_freezes_vectors():
+    """The issue-35 example: ``{"w", "b"}`` under the default scope leaves ``b`` at 0 forever; ES.init says
+    so (once, naming ``b`` and the fix) and lists the perturbed and frozen leaves; an explicit scope is silent."""
+    import warnings
+
+    from esjax.es import perturbed_leaves
+
+    params = {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2), "step": jnp.zeros((), jnp.int32)}
+    es = ES(ESConfig(sigma=0.1, learning_rate=0.1))
+    with pytest.warns(UserWarning, match=r"stay at their initial values: b\. .*Scope\('all'\)") as caught:
+        es.init(params)
+    assert len(caught) == 1 and caught[0].filename == __file__
+    assert (es.perturbed, es.frozen) == (["w"], ["b", "step"])
+    with pytest.warns(UserWarning, match="b"):
+        init(ESConfig(noise=NoiseSpec(seed=3)), params)  # the functional init too
+    assert perturbed_leaves(params, NoiseSpec(scope=Scope("all"))) == (["b", "w"], ["step"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for scope in (Scope("matrices"), Scope("all"), Scope("matrices", include=("w",))):
+            ES(ESConfig(noise=NoiseSpec(scope=scope))).init(params)
+        ES(ESConfig()).init({"w": jnp.zeros((3, 2))})  # nothing frozen

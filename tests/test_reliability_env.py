@@ -120,7 +120,7 @@ def test_persistently_failing_member_is_dropped_and_counted(monkeypatch, tmp_pat
     assert [e["action"] for e in events] == ["retry", "retry", "drop_job"]
     assert all(e["member"] == [1, 1] for e in events) and len(faults.injected) >= 3  # both episodes fail
     updates = [r for r in result.records if r["kind"] == "update"]
-    assert result.version == 3 and all(sum(r["lag_hist"].values()) == N for r in updates)
+    assert result.version == 3 and all(sum(r["cohort_lag_hist"]) == N for r in updates)
     after = updates[-1]
     assert after["accepted"] == 3 * N and after["discarded_by"]["abandoned"] >= 1
     record("env-persistent-member-failure", area="env",

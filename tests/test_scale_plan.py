@@ -51,6 +51,18 @@ def test_plan_scales_with_mesh_lag_and_mode():
     assert parse_bytes("80GB") == 80 * 10**9 and parse_bytes("16GiB") == 16 << 30
 
 
+def test_plan_text_keeps_every_number_in_its_column():
+    """Labels longer than the old 44-character column ('f32 gradient of one leaf group ... (est.)') pushed their
+    numbers right; the label column is as wide as the longest label."""
+    import re
+
+    plan = plan_memory(BUILTIN["Qwen2.5-7B"], population=30, max_lag=1)
+    assert max(len(line.name) for line in plan.lines) > 44  # non-vacuous: a long label
+    rows = plan.to_text().splitlines()[2:-1]  # the header row, one row per line, the two peaks
+    ends = {re.search(r" (GiB|\d+\.\d{3})(  |$)", row).end(1) for row in rows}
+    assert len(rows) == len(plan.lines) + 3 and len(ends) == 1, plan.to_text()
+
+
 def test_cli_prints_the_plan_and_fails_cleanly(python_child):
     cmd = ["-m", "esjax.plan", "--model", "Qwen2.5-0.5B", "--mesh", "data=2,model=1",
            "--population", "30", "--max-lag", "1", "--device-memory", "24GB"]

@@ -50,8 +50,8 @@ def test_run_directory_holds_everything(reference_run):
     evals = [r for r in reference_run.records if r["kind"] == "eval"]
     assert [r["version"] for r in updates] == [1, 2, 3, 4]
     assert [r["version"] for r in evals] == [0, 2, 4]
-    assert all(sum(r["lag_hist"].values()) == 8 for r in updates)  # every cohort has exactly N members
-    assert all(int(lag) <= 1 for r in updates for lag in r["lag_hist"])  # K = 1
+    assert all(sum(r["cohort_lag_hist"]) == 8 for r in updates)  # every cohort has exactly N members
+    assert all(len(r["cohort_lag_hist"]) <= 2 for r in updates)  # K = 1
     assert reference_run.version == 4
     png = (run_dir / "plots" / "score.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -306,4 +306,4 @@ def test_runs_on_real_webshop_data(kind, tmp_path):
     updates = [r for r in result.records if r["kind"] == "update"]
     assert result.version == 2 and len(updates) == 2
     if kind == "sync":
-        assert all(set(r["lag_hist"]) == {"0"} for r in updates)
+        assert all(r["cohort_lag_hist"] == [8] for r in updates)

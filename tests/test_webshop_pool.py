@@ -127,7 +127,9 @@ def test_cli_plays_an_episode():
     assert main(["--data", "synthetic", "--goal", "4"], inp=io.StringIO("foo\n" + "\n".join(actions) + "\n"),
                 out=out) == 0
     text = out.getvalue()
-    assert f"goal #4: {shop.goals[4].instruction_text}" in text
+    split = next(name for name, indices in shop.splits.items() if 4 in indices)
+    assert f"goal #4 ({split} split): {shop.goals[4].instruction_text}" in text
+    assert "[SEP]" not in text and "\nWebShop\nInstruction:\n" in text  # separators shown as line breaks
     assert "(no-op: not of the form search[...] or click[...])" in text
     assert "reward: 1.0000" in text and "r_type: 1.0" in text and "actions: search[<query>]  click[search]" in text
 

@@ -7,6 +7,7 @@ leaves), and shows the reward breakdown after Buy Now. Works with piped input to
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import TextIO
 
@@ -22,9 +23,22 @@ def build_shop(data: str, num_products: int | None, seed: int, goals: str) -> Sh
     return load_webshop(data, num_products=num_products, seed=seed, goals=goals)
 
 
+SEP = re.compile(r"\s*\[SEP\]\s*")
+
+
+def readable(obs: str) -> str:
+    """The observation with WebShop's ``[SEP]`` separators as line breaks (the agent sees them raw)."""
+    return SEP.sub("\n", obs).strip("\n")
+
+
+def split_of(shop: Shop, index: int) -> str:
+    """The split (test / eval / train) goal ``index`` belongs to."""
+    return next((name for name, indices in shop.splits.items() if index in indices), "no")
+
+
 def _show(out: TextIO, env: WebShopTextEnv, obs: str) -> None:
     avail = env.available_actions()
-    out.write(f"\n{obs}\n")
+    out.write(f"\n{readable(obs)}\n")
     search = "search[<query>]  " if avail["has_search_bar"] else ""
     out.write(f"actions: {search}" + "  ".join(f"click[{c}]" for c in avail["clickables"]) + "\n")
 
@@ -32,7 +46,8 @@ def _show(out: TextIO, env: WebShopTextEnv, obs: str) -> None:
 def play(env: WebShopTextEnv, goal: int | None, inp: TextIO, out: TextIO) -> float:
     """One interactive episode; returns its reward (0 if the player quits)."""
     obs, info = env.reset(goal)
-    out.write(f"goal #{info['goal_index']}: {env.instruction}\n")
+    index = info["goal_index"]
+    out.write(f"goal #{index} ({split_of(env.shop, index)} split): {env.instruction}\n")
     _show(out, env, obs)
     while True:
         out.write("> ")
@@ -66,7 +81,9 @@ def main(argv: list[str] | None = None, inp: TextIO | None = None, out: TextIO |
     parser.add_argument("--goal", type=int, default=None, help="goal index (default: random)")
     parser.add_argument("--num-products", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0, help="seed for prices and price ceilings")
-    parser.add_argument("--goals", choices=("synthetic", "human"), default="synthetic")
+    parser.add_argument("--goals", choices=("templated", "human", "synthetic"), default="templated",
+                        help="WebShop's goal set: templated (built from items_ins_v2) or human (items_human_ins.json); "
+                             "'synthetic' is templated's old name. Not used with --data synthetic")
     parser.add_argument("--show-attrs", action="store_true", help="show the Attributes sub page button")
     args = parser.parse_args(argv)
     inp, out = inp or sys.stdin, out or sys.stdout

@@ -85,13 +85,14 @@ def _pick(directory: Path, patterns: Sequence[str], what: str, required: bool) -
 
 def load_webshop(path: str | os.PathLike, *, attributes_file: str | os.PathLike | None = None,
                  human_file: str | os.PathLike | None = None, num_products: int | None = None, seed: int = 0,
-                 goals: str = "synthetic", splits: Mapping[str, int] | Sequence[tuple[str, int]] = DEFAULT_SPLITS,
+                 goals: str = "templated", splits: Mapping[str, int] | Sequence[tuple[str, int]] = DEFAULT_SPLITS,
                  cache_dir: str | os.PathLike | None | bool = None) -> Shop:
     """Load WebShop data from a directory, a products file or a packaged set's name (``'webshop_small'``).
 
     A directory is searched for ``products*.jsonl`` (processed) or ``items_shuffle*.json`` (raw),
-    ``items_ins_v2*.json`` and ``items_human_ins.json``. ``goals`` picks the goal set ('synthetic' or
-    'human'); human goals are built whenever the human file exists and kept in ``shop.human_goals``.
+    ``items_ins_v2*.json`` and ``items_human_ins.json``. ``goals`` picks the goal set: 'templated' (WebShop's
+    instructions built from the attribute file; 'synthetic' is its old name) or 'human'; human goals are built
+    whenever the human file exists and kept in ``shop.human_goals``.
     ``seed`` fixes prices and price ceilings; ``splits`` are sizes of consecutive goal ranges, the rest
     is ``train``.
     """
@@ -119,14 +120,14 @@ def load_webshop(path: str | os.PathLike, *, attributes_file: str | os.PathLike 
 
     prices, synthetic = build_goals(products, seed=seed, kind="synthetic")
     human_set = build_goals(products, seed=seed, kind="human", human=human)[1] if human is not None else None
-    if goals == "synthetic":
+    if goals in ("templated", "synthetic"):
         chosen = synthetic
     elif goals == "human":
         if human_set is None:
             raise DataError(str(directory), "goals='human' needs items_human_ins.json (pass human_file=...)")
         chosen = human_set
     else:
-        raise ValueError(f"goals must be 'synthetic' or 'human', got {goals!r}")
+        raise ValueError(f"goals must be 'templated' or 'human', got {goals!r}")
     engine = get_engine(catalog.fingerprint(), catalog.build_search_engine, len(catalog), cache_dir)
     return Shop(catalog=catalog, prices=prices, goals=chosen, splits=make_splits(len(chosen), splits),
                 engine=engine, name=f"webshop:{products_file.name}", human_goals=human_set,
@@ -143,7 +144,7 @@ class ShopSpec:
     path: str | None = None
     num_products: int | None = None
     seed: int = 0
-    goals: str = "synthetic"
+    goals: str = "templated"
     human_file: str | None = None
 
     def build(self) -> Shop:

@@ -20,6 +20,7 @@ from esjax.es.noise import (
     member_noise,
     pair_noise,
     path_str,
+    perturbed_leaves,
     perturbed_params,
 )
 from esjax.es.schedules import Constant, Cosine, Linear, constant, cosine, linear
@@ -57,6 +58,7 @@ __all__ = [
     "merge_draws",
     "pair_noise",
     "path_str",
+    "perturbed_leaves",
     "perturbed_params",
     "raw",
     "schedules",

@@ -120,6 +120,39 @@ class Scope:
         return not any(re.search(p, path) for p in self.exclude)
 
 
+#: The scope a :class:`NoiseSpec` gets when none is given. Compared by identity (``is``), not equality, so
+#: :func:`default_scope_warning` can tell "left at the default" from an explicit ``Scope('matrices')``.
+DEFAULT_SCOPE = Scope()
+
+
+def perturbed_leaves(params: PyTree, spec: NoiseSpec) -> tuple[list[str], list[str]]:
+    """``(perturbed, frozen)``: the paths of the leaves of ``params`` that ``spec``'s scope perturbs and of
+    those it leaves alone (integer leaves included), each in flatten order."""
+    perturbed, frozen = [], []
+    for key_path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        path = path_str(key_path)
+        (perturbed if spec.scope.contains(path, leaf) else frozen).append(path)
+    return perturbed, frozen
+
+
+def default_scope_warning(params: PyTree, spec: NoiseSpec) -> str | None:
+    """The warning for floating vectors (biases, norm scales) that the *default* scope freezes, or ``None``.
+
+    ``Scope('matrices')`` perturbs only matrices, so a library user who left the scope at its default and has
+    biases never trains them, silently. An explicit scope (even ``Scope('matrices')``) is taken as meant."""
+    if spec.scope is not DEFAULT_SCOPE:
+        return None
+    vectors = [path_str(kp) for kp, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+               if jnp.issubdtype(getattr(leaf, "dtype", jnp.int32), jnp.floating)
+               and not spec.scope.contains(path_str(kp), leaf)]
+    if not vectors:
+        return None
+    shown = ", ".join(vectors[:8]) + (f" and {len(vectors) - 8} more" if len(vectors) > 8 else "")
+    return (f"the default noise scope Scope('matrices') perturbs only matrices, so these floating leaves stay "
+            f"at their initial values: {shown}. Pass NoiseSpec(scope=Scope('all')) to "
+            "perturb every floating leaf (or Scope('matrices') to keep them frozen and silence this warning)")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The noise specification
 # ---------------------------------------------------------------------------------------------------------
@@ -143,7 +176,7 @@ class NoiseSpec:
     mode: NoiseMode = "lowrank"
     rank: int = 1
     antithetic: bool = True
-    scope: Scope = Scope()
+    scope: Scope = DEFAULT_SCOPE
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):

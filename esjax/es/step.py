@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
@@ -45,7 +46,7 @@ import optax
 from esjax.es import shaping as shaping_lib
 from esjax.es.gradient import chunked_draws, draw_chunk, scoped_leaves, weighted_noise_sum
 from esjax.es.grouped import UPDATE_CHUNK_BYTES, grouped_step, leaf_groups
-from esjax.es.noise import NoiseSpec
+from esjax.es.noise import NoiseSpec, default_scope_warning, perturbed_leaves
 from esjax.es.schedules import SigmaSchedule, as_schedule
 
 PyTree = Any
@@ -149,8 +150,15 @@ class ESState(NamedTuple):
     version: jax.Array
 
 
-def init(config: ESConfig, params: PyTree, version: int = 0) -> ESState:
-    """Initial state at ``version`` (0 for a fresh run)."""
+def init(config: ESConfig, params: PyTree, version: int = 0, *, stacklevel: int = 2) -> ESState:
+    """Initial state at ``version`` (0 for a fresh run).
+
+    Warns (once per call) when the scope was left at its default and freezes floating vectors (biases, norm
+    scales): :func:`~esjax.es.noise.default_scope_warning`. :func:`~esjax.es.noise.perturbed_leaves` lists
+    what is perturbed and what is frozen."""
+    message = default_scope_warning(params, config.noise)
+    if message:
+        warnings.warn(message, UserWarning, stacklevel=stacklevel)
     return ESState(params, config.get_optimizer().init(params), jnp.asarray(version, jnp.int32))
 
 
@@ -315,16 +323,21 @@ update.trace = _update_jit.trace
 class ES:
     """Object wrapper (evosax-like) around :func:`init` / :func:`update` for one :class:`ESConfig`.
 
-    ``es = ES(config); state = es.init(params); state, metrics = es.update(state, cohort)``.
+    ``es = ES(config); state = es.init(params); state, metrics = es.update(state, cohort)``. After ``init``,
+    ``es.perturbed`` and ``es.frozen`` hold the paths of the leaves the scope perturbs and leaves alone.
     """
 
     def __init__(self, config: ESConfig):
         if not isinstance(config, ESConfig):
             raise TypeError(f"ES expects an ESConfig, got {type(config).__name__}")
         self.config = config
+        self.perturbed: list[str] = []
+        self.frozen: list[str] = []
 
     def init(self, params: PyTree, version: int = 0) -> ESState:
-        return init(self.config, params, version)
+        """Initial state; records ``perturbed`` / ``frozen`` and warns as :func:`init` does."""
+        self.perturbed, self.frozen = perturbed_leaves(params, self.config.noise)
+        return init(self.config, params, version, stacklevel=3)
 
     def sigma(self, version) -> jax.Array:
         """σ of members dispatched at ``version``."""

@@ -454,6 +454,19 @@ class Coordinator:
             "cancelled": s.cancelled,
         }
 
+    def applied_totals(self) -> dict[str, Any]:
+        """:meth:`totals` with ``accepted``, ``accepted_time``, ``lag_hist`` and ``stale_fraction`` counting the
+        members of applied updates only (what :meth:`close` leaves them at), plus ``open_cohort``: members already
+        accepted into the next, unapplied cohort. So an update record and the end record mean the same by them."""
+        totals, rows = self.totals(), self.state.cohort
+        lag_hist = list(totals["lag_hist"])
+        for r in rows:
+            lag_hist[self.state.version - r.version] -= 1
+        accepted = totals["accepted"] - len(rows)
+        return {**totals, "accepted": accepted, "lag_hist": lag_hist, "open_cohort": len(rows),
+                "accepted_time": totals["accepted_time"] - sum(r.duration for r in rows),
+                "stale_fraction": 1.0 - lag_hist[0] / accepted if accepted else 0.0}
+
     def state_dict(self) -> dict[str, Any]:
         """The JSON-ready state (the trainer checkpoints it next to θ and the optimizer state)."""
         return self.state.to_dict()

@@ -145,16 +145,17 @@ class MemoryPlan:
                 f"max lag {s['max_lag']}, batch {s['batch']} (rows/device {s['rows_per_device']}), context "
                 f"{s['context']}, prefill {s['prefill']}, {s['dtype']}, {s['mode']}"
                 + (f" rank {s['rank']}" if s["mode"] == "lowrank" else "") + f", optimizer {s['optimizer']}")
+        names = [line.name + (" (est.)" if line.estimate else "") for line in self.lines]
+        width = max(44, *map(len, names))  # the label column fits the longest label, so numbers stay aligned
         out = [head, f"  parameters: {s['param_count'] / 1e9:.3f} B ({s['param_bytes_total'] / GiB:.2f} GiB total)",
-               f"  {'per device':<44} {'GiB':>9}  phase"]
-        for line in self.lines:
+               f"  {'per device':<{width}} {'GiB':>9}  phase"]
+        for line, name in zip(self.lines, names):
             phase = "rollout+update" if line.rollout and line.update else ("rollout" if line.rollout else "update")
-            name = line.name + (" (est.)" if line.estimate else "")
             note = f"  [{line.note}]" if line.note else ""
-            out.append(f"  {name:<44} {line.bytes / GiB:>9.3f}  {phase}{note}")
+            out.append(f"  {name:<{width}} {line.bytes / GiB:>9.3f}  {phase}{note}")
         verdict = "FITS" if self.fits else "DOES NOT FIT"
-        out.append(f"  {'rollout peak':<44} {self.rollout_peak / GiB:>9.3f}")
-        out.append(f"  {'update peak':<44} {self.update_peak / GiB:>9.3f}")
+        out.append(f"  {'rollout peak':<{width}} {self.rollout_peak / GiB:>9.3f}")
+        out.append(f"  {'update peak':<{width}} {self.update_peak / GiB:>9.3f}")
         out.append(f"  {verdict}: peak {self.peak / GiB:.2f} GiB vs {self.usable / GiB:.2f} GiB usable "
                    f"({self.headroom:.0%} of {self.device_memory / GiB:.2f} GiB)")
         return "\n".join(out)
