@@ -46,7 +46,7 @@ import optax
 from esjax.es import shaping as shaping_lib
 from esjax.es.gradient import chunked_draws, draw_chunk, scoped_leaves, weighted_noise_sum
 from esjax.es.grouped import UPDATE_CHUNK_BYTES, grouped_step, leaf_groups
-from esjax.es.noise import NoiseSpec, default_scope_warning, perturbed_leaves
+from esjax.es.noise import NoiseSpec, default_scope_warning, perturbed_leaves, perturbed_params
 from esjax.es.schedules import SigmaSchedule, as_schedule
 
 PyTree = Any
@@ -323,7 +323,9 @@ update.trace = _update_jit.trace
 class ES:
     """Object wrapper (evosax-like) around :func:`init` / :func:`update` for one :class:`ESConfig`.
 
-    ``es = ES(config); state = es.init(params); state, metrics = es.update(state, cohort)``. After ``init``,
+    ``es = ES(config); state = es.init(params)``, then per generation ``members, population = es.ask(state, N,
+    params=True)``, evaluate, ``state, metrics = es.tell(state, members, fitness)`` (maximized); or
+    ``es.update(state, cohort)`` on a cohort assembled elsewhere (the trainer's coordinator). After ``init``,
     ``es.perturbed`` and ``es.frozen`` hold the paths of the leaves the scope perturbs and leaves alone.
     """
 
@@ -359,6 +361,35 @@ class ES:
         check_members(state.version, versions, indices, "ES.update")
         return update(self.config, state, versions.astype(np.int32), indices.astype(np.int32),
                       np.asarray(fitness, np.float32))
+
+    def ask(self, state: ESState, population: int, *, params: bool = False
+            ) -> tuple[tuple[np.ndarray, np.ndarray], PyTree | None]:
+        """The next ``population`` members to evaluate, evosax-style: ``((versions, indices), member_params)``.
+
+        Members are ``(state.version, 0 … population-1)`` (antithetic pairs ``2j, 2j+1`` when the noise is
+        antithetic). ``member_params`` is None unless ``params=True``, then each member's θ + σ·ε stacked on a
+        leading axis (materialized: for small models; a large model applies the perturbation inside its forward
+        from the member ids, see :mod:`esjax.model.perturb`)."""
+        if population < 1 or (self.config.noise.antithetic and population % 2):
+            raise ValueError(f"ES.ask: population must be a positive{' even' if self.config.noise.antithetic else ''}"
+                             f" number, got {population}")
+        version = int(state.version)
+        versions = np.full(population, version, np.int32)
+        indices = np.arange(population, dtype=np.int32)
+        if not params:
+            return (versions, indices), None
+        sigma = self.config.sigma_at(version)
+        stacked = jax.vmap(lambda i: perturbed_params(self.config.noise, state.params, version, i, sigma))(
+            jnp.asarray(indices))
+        return (versions, indices), stacked
+
+    def tell(self, state: ESState, members: tuple[Any, Any], fitness) -> tuple[ESState, dict[str, jax.Array]]:
+        """Apply the fitness of the members :meth:`ask` gave (``members = (versions, indices)``). Fitness is
+        **maximized** (evosax minimizes: negate a loss, or use :mod:`esjax.es.evosax_compat`); NaN members are
+        dropped. Members asked at an older version may be told later: their own noise is used (bounded
+        staleness)."""
+        versions, indices = members
+        return self.update(state, versions=versions, indices=indices, fitness=fitness)
 
     def gradient(self, params: PyTree, versions, indices, fitness) -> PyTree:
         """The ascent direction the update would use for this cohort (shaping included)."""
