@@ -35,5 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The ``esjax-run`` console script: the same one-line errors and exit codes as ``python -m esjax.run``."""
     run_cli(main)
+
+
+if __name__ == "__main__":
+    cli()

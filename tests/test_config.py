@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -583,3 +584,16 @@ def test_goal_set_is_templated_or_human_and_synthetic_still_loads_as_templated(t
     line = _settings_line(synthetic, {"env": {"data": "synthetic", "num_products": 500, "goals": "synthetic"}}, {},
                           tmp_path / "esjax.json")
     assert "env.num_products=500" in line and "env.goals" not in line
+
+
+def test_console_script_prints_the_same_one_line_as_the_module():
+    """``esjax-run`` (the installed console script) and ``python -m esjax.run`` report a bad config alike."""
+    script = shutil.which("esjax-run")
+    if script is None:
+        pytest.skip("esjax-run is not installed (pip install -e .)")
+    args = ["--set", "es.population=7"]
+    outputs = [subprocess.run(argv + args, capture_output=True, text=True, cwd=REPO, timeout=120)
+               for argv in ([script], [sys.executable, "-m", "esjax.run"])]
+    assert [p.returncode for p in outputs] == [2, 2]
+    assert outputs[0].stderr == outputs[1].stderr and outputs[0].stderr.startswith("error: ")
+    assert len(outputs[0].stderr.strip().splitlines()) == 1 and "Traceback" not in outputs[0].stderr
