@@ -54,7 +54,7 @@ SETTINGS: dict[str, tuple[str, list[str]]] = {
     "norms-sigma0.1": ("σ 0.1", [*NORMS, "es.sigma=0.1"]),
     "norms-60u-sigma-cos": ("60 updates, σ cosine 0.2 → 0.05", [*NORMS, "run.updates=60", "es.sigma_final=0.05",
                                                                 "es.sigma_schedule=cosine"]),
-    "norms-adam": ("Adam (lr 0.02)", [*NORMS, "es.optimizer.kind=adam", "es.learning_rate=0.02"]),
+    "norms-adam": ("Adam (lr 0.02)", [*NORMS, "es.optimizer=adam", "es.learning_rate=0.02"]),
     "norms-zscore": ("z-score shaping instead of centered ranks", [*NORMS, "es.shaping=z_score"]),
     "norms-T1": ("sampling temperature 1.0 in training rollouts", [*NORMS, "agent.temperature=1.0"]),
     "kernels-r1-s0.01": ("every kernel, low-rank r = 1, σ 0.01, lr 0.002",
@@ -225,7 +225,13 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = run_dir_of(args.out, name, seed)
         if run_dir.exists():  # an interrupted run starts over (its records would be partial)
             shutil.rmtree(run_dir)
-        status = run_one(name, seed, run_dir)
+        try:
+            status = run_one(name, seed, run_dir)
+        except Exception as err:  # one broken run must not stop the study: record it and go on
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "failed.json").write_text(json.dumps({"setting": name, "seed": seed, "error": repr(err)}) + "\n")
+            print(f"[{i}/{len(todo)}] {name} seed{seed}: FAILED {err!r}", flush=True)
+            continue
         print(f"[{i}/{len(todo)}] {name} seed{seed}: {status['before']:.1f} -> {status['after']:.1f} "
               f"({status['after'] - status['before']:+.1f}) in {status['seconds']:.0f} s", flush=True)
     return 0
