@@ -124,9 +124,11 @@ def _eval_axes(ax, points: list[dict[str, Any]], xlabel: str, key: str = "score"
 
 
 def _mark_resumes(ax, marks: list[tuple[int, str]]) -> None:
-    """A dashed vertical line where the run was resumed or extended."""
+    """A vertical line where the run was resumed (dotted) or extended (dashed)."""
+    styles = {"resumed": ("tab:gray", ":"), "extended": ("tab:purple", "--")}
     for i, (version, label) in enumerate(marks):
-        ax.axvline(version, color="tab:gray", linestyle="--", linewidth=0.9, alpha=0.8,
+        color, style = styles.get(label, ("tab:gray", "-."))
+        ax.axvline(version, color=color, linestyle=style, linewidth=1.1, alpha=0.8,
                    label=f"{label} here" if label not in [m[1] for m in marks[:i]] else None)
 
 
