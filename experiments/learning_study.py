@@ -100,7 +100,7 @@ def finish_records(run_dir: Path) -> dict:
     for path in sorted((run_dir / "traces").glob("eval-v*.jsonl")):
         version = int(path.stem.split("-v")[1])
         out[str(version)] = behaviour(read_traces(path))
-        with open(path, "rb") as src, gzip.open(path.with_name(path.name + ".gz"), "wb", mtime=0) as dst:
+        with open(path, "rb") as src, gzip.GzipFile(path.with_name(path.name + ".gz"), "wb", mtime=0) as dst:
             shutil.copyfileobj(src, dst)
         path.unlink()
     (run_dir / "behaviour.json").write_text(json.dumps(out, indent=1) + "\n")
