@@ -16,12 +16,14 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from esjax.errors import EsjaxError
+
 log = logging.getLogger(__name__)
 
 PyTree = Any
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(EsjaxError, RuntimeError):
     """No checkpoint in a run directory could be restored."""
 
 

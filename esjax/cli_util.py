@@ -5,22 +5,21 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from esjax.checkpoint import CheckpointError
-from esjax.config import ConfigError
+from envs.webshop_bridge.errors import DataError
+from esjax.errors import EsjaxError, UserError
 
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, CheckpointError, FileNotFoundError,
-                                                 NotADirectoryError, PermissionError)
+#: What run_cli reports in one line: every esjax user error, the data loader's, and missing / unreadable paths.
+USER_ERRORS: tuple[type[BaseException], ...] = (EsjaxError, DataError, FileNotFoundError, NotADirectoryError,
+                                                 PermissionError)
 
-
-class UserError(RuntimeError):
-    """A problem with the user's input or environment, reported in one line."""
+__all__ = ["USER_ERRORS", "UserError", "run_cli"]
 
 
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> None:
     """Call ``main`` and turn user errors into ``error: <message>`` with exit code 2."""
     try:
         code = main(argv)
-    except (UserError, *USER_ERRORS) as err:
+    except USER_ERRORS as err:
         message = str(err).splitlines()[0] if str(err) else err.__class__.__name__
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)

@@ -42,13 +42,14 @@ from pydantic import (
     model_validator,
 )
 
+from esjax.errors import EsjaxError
 from esjax.es.step import ESConfig
 
 MAX_SEED = 2**32 - 1
 Patterns = Annotated[tuple[str, ...], Field(strict=False)]  # a YAML list becomes the tuple
 
 
-class ConfigError(ValueError):
+class ConfigError(EsjaxError, ValueError):
     """A configuration problem a user can fix; the message is one line and names the key."""
 
 

@@ -39,8 +39,8 @@ import jax
 import numpy as np
 
 from esjax.checkpoint import Checkpointer
-from esjax.cli_util import UserError
 from esjax.config import Config, ConfigError
+from esjax.errors import UserError
 from esjax.es.step import ESState
 from esjax.inflight import Evaluation, JobProgress, LoopCounters, SinceUpdate
 from esjax.loop.coordinator import Coordinator, RejectedUpdate

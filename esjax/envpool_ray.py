@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 
 from envs.webshop_bridge.pool import RowStep, StepResult, collect_step, failed_step
+from esjax.errors import EsjaxError
 
 
-class RayUnavailable(ImportError):
+class RayUnavailable(EsjaxError, ImportError):
     """Ray is not installed (``pip install 'esjax[ray]'``)."""
 
 

@@ -18,8 +18,8 @@ import optax
 
 import esjax
 from esjax.checkpoint import StorageError
-from esjax.cli_util import UserError
 from esjax.config import Config, ConfigError, load_config
+from esjax.errors import UserError
 
 CONFIG_FILE = "config.yaml"
 

@@ -597,3 +597,29 @@ def test_console_script_prints_the_same_one_line_as_the_module():
     assert [p.returncode for p in outputs] == [2, 2]
     assert outputs[0].stderr == outputs[1].stderr and outputs[0].stderr.startswith("error: ")
     assert len(outputs[0].stderr.strip().splitlines()) == 1 and "Traceback" not in outputs[0].stderr
+
+
+def test_every_user_facing_error_shares_one_base_and_prints_one_line(capsys):
+    """Config, model folder, mesh, checkpoint, multi-process and missing-extra errors all derive from EsjaxError,
+    and run_cli prints each as one ``error:`` line with exit code 2."""
+    from envs.webshop_bridge.errors import DataError
+    from esjax.checkpoint import CheckpointError, StorageError
+    from esjax.cli_util import run_cli
+    from esjax.envpool_ray import RayUnavailable
+    from esjax.errors import EsjaxError, UserError
+    from esjax.model.config import ModelConfigError
+    from esjax.model.hf import ModelFileError
+    from esjax.model.sharding import MeshError
+    from esjax.parallel.multihost import DistributedError
+    from esjax.rundir import RunDirError
+
+    classes = [ConfigError, ModelConfigError, ModelFileError, MeshError, CheckpointError, StorageError,
+               DistributedError, RayUnavailable, UserError, RunDirError]
+    assert all(issubclass(cls, EsjaxError) for cls in classes)
+    for cls in [*classes, DataError]:
+        def main(argv, cls=cls):
+            raise cls("path/to/thing: what is wrong\nmore detail") if cls is not DataError else cls("path", "bad")
+        with pytest.raises(SystemExit) as exit_info:
+            run_cli(main, [])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, cls

@@ -12,18 +12,19 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from esjax.errors import EsjaxError
+
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 _ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(EsjaxError, ValueError):
     """A config.json that esjax cannot run (names the file and key). A run config's problem is
     :class:`esjax.config.ConfigError`."""
 
 
-ConfigError = ModelConfigError  # the former name, still imported by esjax.plan.models
 
 
 @dataclasses.dataclass(frozen=True)

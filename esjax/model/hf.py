@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from esjax.errors import EsjaxError
 from esjax.es.noise import path_str
 from esjax.model.config import ModelConfig, ModelConfigError, from_hf_dict, to_hf_dict
 from esjax.model.params import param_shapes
@@ -40,7 +41,7 @@ TOKENIZER_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, "special_tokens_map.js
                    "tokenizer.model")
 
 
-class ModelFileError(ValueError):
+class ModelFileError(EsjaxError, ValueError):
     """A missing or malformed checkpoint file or tensor (names the file and key)."""
 
 

@@ -26,6 +26,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from esjax.errors import EsjaxError
 from esjax.model.config import ModelConfig
 from esjax.model.params import param_logical_axes, param_shapes
 
@@ -53,7 +54,7 @@ ACTIVATION_AXES = ("batch", "seq", "embed")
 CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
 
 
-class MeshError(ValueError):
+class MeshError(EsjaxError, ValueError):
     """A mesh that cannot be built on the available devices (names the axis sizes and device counts)."""
 
 

@@ -30,13 +30,14 @@ from typing import Any
 
 import numpy as np
 
+from esjax.errors import EsjaxError
 from esjax.loop.types import Member, Result
 
 ENV_PREFIX = "ESJAX_"
 _COLUMNS = 8  # valid, job_id, version, index, fitness (2 words), duration (2 words)
 
 
-class DistributedError(RuntimeError):
+class DistributedError(EsjaxError, RuntimeError):
     """The distributed runtime could not start or the processes disagree (message says what to check)."""
 
 

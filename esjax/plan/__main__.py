@@ -57,27 +57,27 @@ def _prepare_devices(n: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from esjax.cli_util import UserError as ConfigError
-    from esjax.model.config import ConfigError as ModelConfigError
+    from esjax.errors import UserError
+    from esjax.model.config import ModelConfigError
     from esjax.model.sharding import MeshError, parse_mesh
     from esjax.plan.memory import parse_bytes, plan_memory
     from esjax.plan.models import resolve_model
 
     if args.dtype.lower() not in _DTYPES:
-        raise ConfigError(f"--dtype {args.dtype!r}: expected one of {', '.join(_DTYPES)}")
+        raise UserError(f"--dtype {args.dtype!r}: expected one of {', '.join(_DTYPES)}")
     try:
         mesh = parse_mesh(args.mesh)
         memory = parse_bytes(args.device_memory)
     except (MeshError, ValueError) as err:
-        raise ConfigError(f"{err}") from None
+        raise UserError(f"{err}") from None
     if mesh["data"] == 0:
-        raise ConfigError("--mesh: give data explicitly (the planner does not look at devices)")
+        raise UserError("--mesh: give data explicitly (the planner does not look at devices)")
     if args.compile:
         _prepare_devices(mesh["data"] * mesh["model"])
     try:
         config, label = resolve_model(args.model)
     except ModelConfigError as err:
-        raise ConfigError(str(err)) from None
+        raise UserError(str(err)) from None
     try:
         plan = plan_memory(config, data=mesh["data"], model=mesh["model"], population=args.population,
                            max_lag=args.max_lag, batch=args.batch, context=args.context, prefill=args.prefill,
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                            optimizer=args.optimizer, anchor=args.anchor,
                            episodes_per_member=args.episodes_per_member, headroom=args.headroom, label=label)
     except ValueError as err:
-        raise ConfigError(str(err)) from None
+        raise UserError(str(err)) from None
     measured = None
     if args.compile:
         from esjax.plan.memory import GiB, measure_update

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from esjax.model.config import ConfigError, ModelConfig, RopeScaling, from_hf_dict
+from esjax.model.config import ModelConfig, ModelConfigError, RopeScaling, from_hf_dict
 
 
 def _qwen(hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: int, tied: bool) -> ModelConfig:
@@ -45,7 +45,7 @@ def _canonical(name: str) -> str:
 def resolve_model(name_or_path: str) -> tuple[ModelConfig, str]:
     """``(config, label)`` for an HF folder / ``config.json`` path, or a built-in name.
 
-    Hub-style names work too (``Qwen/Qwen2.5-7B-Instruct`` → ``Qwen2.5-7B``). Raises ``ConfigError`` naming
+    Hub-style names work too (``Qwen/Qwen2.5-7B-Instruct`` → ``Qwen2.5-7B``). Raises ``ModelConfigError`` naming
     the input and the known names otherwise.
     """
     path = Path(name_or_path).expanduser()
@@ -55,11 +55,11 @@ def resolve_model(name_or_path: str) -> tuple[ModelConfig, str]:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as err:
-            raise ConfigError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+            raise ModelConfigError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
         return from_hf_dict(data, str(path)), str(path.parent)
     wanted = _canonical(name_or_path)
     for name, config in BUILTIN.items():
         if _canonical(name) == wanted:
             return config, name
-    raise ConfigError(f"--model {name_or_path!r}: not an HF folder with config.json and not a built-in model "
+    raise ModelConfigError(f"--model {name_or_path!r}: not an HF folder with config.json and not a built-in model "
                       f"(built-in: {', '.join(BUILTIN)})")
