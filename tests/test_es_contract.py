@@ -237,3 +237,11 @@ def test_ask_gives_antithetic_members_and_their_parameters():
     told, _ = es.tell(state, (versions, indices), jnp.arange(6.0))
     direct, _ = es.update(state, versions=versions, indices=indices, fitness=jnp.arange(6.0))
     np.testing.assert_array_equal(told.params["w"], direct.params["w"])
+
+
+def test_library_face_is_short_and_documented():
+    import esjax.es as library
+
+    assert len(library.__all__) <= 15
+    undocumented = [name for name in library.__all__ if not (getattr(library, name).__doc__ or "").strip()]
+    assert not undocumented, undocumented

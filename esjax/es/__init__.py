@@ -1,8 +1,13 @@
 """ES engine: counter-based noise, fitness shaping, σ schedules, the jitted update, evosax interop.
 
+For library users: ``ES(ESConfig(...))`` with ``init`` / ``ask`` / ``tell`` (evosax-shaped, fitness maximized), or
+the functional ``init`` / ``update`` on cohorts of ``(version, index)`` members; ``__all__`` lists that face.
+
 Fitness is maximized everywhere here except in :mod:`esjax.es.evosax_compat`, which follows evosax
 (minimization) because it is an evosax drop-in.
 """
+
+# ruff: noqa: F401  (the names below __all__ stay importable from esjax.es for existing code)
 
 from esjax.es import schedules, shaping
 from esjax.es.gradient import auto_chunk_size, merge_draws, weighted_noise_sum
@@ -27,44 +32,23 @@ from esjax.es.schedules import Constant, Cosine, Linear, constant, cosine, linea
 from esjax.es.shaping import centered_ranks, evosax_shaping, get_shaping, raw, shape, z_score
 from esjax.es.step import ES, ESConfig, ESState, es_gradient, init, member_coefficients, update
 
+#: The library face: the ES object (ask / tell / update), its config and state, the functional init / update, what
+#: a scope perturbs, the perturbed forward's building blocks, the default shaping and the σ schedules. Everything
+#: else imported above stays importable from here or from its submodule (noise, gradient, shaping, schedules, step).
 __all__ = [
     "ES",
-    "Constant",
-    "Cosine",
     "ESConfig",
     "ESState",
-    "Linear",
     "NoiseSpec",
     "Scope",
-    "auto_chunk_size",
-    "batched_pair_noise",
     "centered_ranks",
     "constant",
     "cosine",
-    "es_gradient",
-    "evosax_shaping",
-    "get_shaping",
     "init",
-    "leaf_id",
-    "leaf_paths",
     "linear",
-    "lowrank_embed",
-    "lowrank_factor_tree",
     "lowrank_factors",
     "lowrank_matmul",
-    "lowrank_product",
-    "member_coefficients",
-    "member_noise",
-    "merge_draws",
-    "pair_noise",
-    "path_str",
     "perturbed_leaves",
     "perturbed_params",
-    "raw",
-    "schedules",
-    "shape",
-    "shaping",
     "update",
-    "weighted_noise_sum",
-    "z_score",
 ]

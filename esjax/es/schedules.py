@@ -56,14 +56,17 @@ class Cosine:
 
 
 def constant(value: float) -> Constant:
+    """σ fixed at ``value`` for every version."""
     return Constant(float(value))
 
 
 def linear(init: float, final: float, steps: int) -> Linear:
+    """σ going linearly from ``init`` at version 0 to ``final`` at version ``steps`` (then staying there)."""
     return Linear(float(init), float(final), int(steps))
 
 
 def cosine(init: float, final: float, steps: int) -> Cosine:
+    """σ following half a cosine from ``init`` at version 0 to ``final`` at version ``steps`` (then staying there)."""
     return Cosine(float(init), float(final), int(steps))
 
 
