@@ -21,7 +21,6 @@ compares every setting on the same seeds. All runs of one process share its comp
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import shutil
 import sys
@@ -33,6 +32,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from experiments.records import compact_run  # noqa: E402
 
 DEFAULT_OUT = REPO / "experiments" / "results" / "learning"
 BASE = REPO / "configs" / "default.yaml"
@@ -92,20 +93,15 @@ def is_finished(run_dir: Path) -> bool:
 
 
 def finish_records(run_dir: Path) -> dict:
-    """Behaviour before/after from the evaluation traces into ``behaviour.json``; traces gzipped (a measure added
-    later can be computed from them), checkpoints and plots dropped."""
+    """Behaviour before/after from the evaluation traces into ``behaviour.json``, then the run compacted
+    (:func:`records.compact_run`: traces gzipped, checkpoints and plots dropped)."""
     from esjax.traces import behaviour, read_traces
 
     out = {}
     for path in sorted((run_dir / "traces").glob("eval-v*.jsonl")):
-        version = int(path.stem.split("-v")[1])
-        out[str(version)] = behaviour(read_traces(path))
-        with open(path, "rb") as src, gzip.GzipFile(path.with_name(path.name + ".gz"), "wb", mtime=0) as dst:
-            shutil.copyfileobj(src, dst)
-        path.unlink()
+        out[str(int(path.stem.split("-v")[1]))] = behaviour(read_traces(path))
     (run_dir / "behaviour.json").write_text(json.dumps(out, indent=1) + "\n")
-    for name in ("checkpoints", "plots"):
-        shutil.rmtree(run_dir / name, ignore_errors=True)
+    compact_run(run_dir)
     return out
 
 

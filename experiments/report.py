@@ -45,7 +45,7 @@ Runs that failed (``failed.json``), are unfinished (no ``summary.md``), or whose
 version, as an update cascade leaves) are left out of every statistic and listed by cell and seed, as
 are the seeds a cell lacks and the seeds that have no sync partner.
 
-    python experiments/report.py --data webshop_small [--margin 3] [--runs experiments/runs] [--out DIR]
+    python experiments/report.py --data webshop_small [--margin 3] [--runs experiments/results/study] [--out DIR]
                                  [--margin 3] [--alpha 0.05] [--power 0.8] [--seeds S]
 """
 
@@ -982,7 +982,8 @@ def write_report(grid: dict[str, list[dict]], out: Path, data: str, runs_root: P
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=Path, default=DEFAULT_OUT, help="grid runs root (default experiments/runs/)")
+    parser.add_argument("--runs", type=Path, default=DEFAULT_OUT,
+                        help="grid runs root (default experiments/results/study/)")
     parser.add_argument("--out", type=Path, default=None,
                         help="where staleness.md + PNGs go (default: experiments/results/ for the real WebShop "
                              "runs, experiments/results/<data>/ for others)")

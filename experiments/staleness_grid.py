@@ -61,8 +61,11 @@ if str(REPO) not in sys.path:  # `python experiments/staleness_grid.py` from any
     sys.path.insert(0, str(REPO))
 
 from esjax.machine import machine_info  # noqa: E402
+from experiments.records import compact_run  # noqa: E402
 
-DEFAULT_OUT = REPO / "experiments" / "runs"
+#: Runs go where they are committed (compacted once finished: experiments/records.py), so the study can span
+#: sessions and machines and every verdict can be re-checked from the repository.
+DEFAULT_OUT = REPO / "experiments" / "results" / "study"
 LAGS = (1, 2, 4, 8)
 FRACTIONS = (0.1, 0.25, 0.5)
 DATASETS = {  # name -> base config
@@ -272,7 +275,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="budget and environment pins (PRESETS): full (default), quick, or real (the paper "
                              "cells on real WebShop, configs/default.yaml, 15-step episodes)")
     parser.add_argument("--quick", action="store_true", help="the small budget (same as --preset quick)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="runs root (default experiments/runs/)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="runs root (default experiments/results/study/, committed)")
+    parser.add_argument("--keep-checkpoints", action="store_true",
+                        help="keep a finished run's checkpoints and plots (default: compact it for committing)")
     parser.add_argument("--cells", help="comma-separated cell names or patterns, or 'paper' / 'ours' (default: the "
                                         "preset's; full / quick: every cell but the repeats of paper cells)")
     parser.add_argument("--seeds", type=int, help="number of seeds 0..S-1 (default: the preset's)")
@@ -331,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
                                                              "overrides": overrides, "preset": name}, indent=2))
             print(f"[{n}/{len(todo)}] {cell.name} seed{seed}: FAILED {err!r} (see {run_dir}/failed.json)", flush=True)
             continue
+        if not args.keep_checkpoints:
+            compact_run(run_dir)
         status["preset"] = name
         status["machine"], status["shard"] = machine_info(), args.shard
         (run_dir / "grid.json").write_text(json.dumps({**status, "overrides": overrides}, indent=2))

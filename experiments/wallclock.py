@@ -11,7 +11,7 @@ the real WebShop runs (``--data webshop_small``), ``experiments/results/<data>/`
 2. **Real loop**: ticks and seconds per update of the grid's sync vs async runs (same seeds, same budget),
    and their slot utilization.
 
-    python experiments/wallclock.py --data webshop_small [--runs experiments/runs] [--updates 200]
+    python experiments/wallclock.py --data webshop_small [--runs experiments/results/study] [--updates 200]
 """
 
 from __future__ import annotations

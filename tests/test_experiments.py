@@ -43,6 +43,11 @@ def test_grid_report_and_wallclock(tmp_path, capsys):
     for cell in ("sync", "async-K1"):
         run_dir = out / "synthetic" / cell / "seed0"
         assert (run_dir / "summary.md").is_file() and (run_dir / "grid.json").is_file()
+        # compacted for committing: records kept, traces gzipped, no checkpoints or plots
+        assert (run_dir / "metrics.jsonl").is_file() and (run_dir / "config.yaml").is_file()
+        assert not (run_dir / "checkpoints").exists() and not (run_dir / "plots").exists()
+        traces = sorted(p.name for p in (run_dir / "traces").iterdir())
+        assert traces and all(name.endswith(".jsonl.gz") for name in traces), traces
     capsys.readouterr()
     assert staleness_grid.main(_grid_args(out)) == 0  # finished cells are skipped
     assert "2 finished, 0 to run" in capsys.readouterr().out
