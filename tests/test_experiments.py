@@ -116,3 +116,38 @@ def test_baselines_table_names_each_es_run_and_its_commit(tmp_path):
                          "rule: first hit + options named in the instruction, buy",
                          "oracle (knows the target product)", "shipped policy (greedy)"]
     assert out["rows"][3]["score"] > out["rows"][0]["score"]  # the oracle beats random clicking on real goals
+
+
+def _study_run(root, setting, seed, before, after, named=None):
+    """A finished learning-study run directory as the study writes it (records only)."""
+    import json
+
+    run_dir = root / setting / f"seed{seed}"
+    run_dir.mkdir(parents=True)
+    evals = [{"kind": "eval", "version": v, "score": s, "success_rate": r}
+             for v, s, r in ((0, before, 0.01), (30, after, 0.03))]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+    (run_dir / "run.json").write_text(json.dumps({"git_commit": "0123456789abcdef"}))
+    behaviour = {"option_clicks_per_item_page": 0.5, "item_pages_with_option_click": 0.25,
+                 "item_pages_per_episode": 1.0, "step_cap_hits": 0.0}
+    if named is not None:
+        behaviour["option_clicks_named_in_instruction"] = named
+    (run_dir / "behaviour.json").write_text(json.dumps({"0": behaviour, "30": behaviour}))
+    (run_dir / "study.json").write_text(json.dumps({"setting": setting, "seed": seed, "seconds": 300.0}))
+
+
+def test_learning_study_report_reads_the_records_alone(tmp_path):
+    from experiments import learning_study
+
+    for seed, after in ((1000, 66.0), (1001, 68.0), (1002, 64.0)):
+        _study_run(tmp_path, "norms", seed, 64.0, after, named=0.4)
+    _study_run(tmp_path, "kernels-r1-s0.03", 1000, 64.0, 65.5)  # one seed, recorded before the named measure
+    text = learning_study.report(tmp_path)
+    norms = next(line for line in text.splitlines() if line.startswith("| norms |"))
+    # deltas +2, +4, 0: mean +2, t interval 2 ± 4.303 · 2 / sqrt(3)
+    assert "| 1000,1001,1002 | 64.0 → 66.0 | **+2.0** [-3.0, +7.0] | +2.0 +4.0 +0.0 |" in norms
+    assert "| 5.0 | 0123456 |" in norms  # minutes per run, commit
+    kernels = next(line for line in text.splitlines() if line.startswith("| kernels-r1-s0.03 |"))
+    assert "(one seed)" in kernels
+    rows = [line for line in text.splitlines() if line.startswith("| kernels-r1-s0.03 |")]
+    assert "n/a" in rows[1] and "40% → 40%" in [line for line in text.splitlines() if line.startswith("| norms |")][1]
