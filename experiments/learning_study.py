@@ -7,8 +7,9 @@ score only the setting this study freezes (``configs/default.yaml``, run with se
 
 Runs go in ``OUT/<setting>/seed<s>/``. A finished run keeps its records (``config.yaml``, ``run.json``,
 ``metrics.jsonl``, ``summary.md``, ``behaviour.json``: what the greedy agent did before and after, measured from
-the evaluation traces, which are kept gzipped) and drops its checkpoints. A run
-directory holding ``summary.md`` is done and skipped, so the study can be stopped and continued::
+the evaluation traces, which are kept gzipped, and ``study.json``) and drops its checkpoints. A run directory
+holding ``study.json`` is done and skipped; any other is run again from the start, so the study can be stopped and
+continued::
 
     python experiments/learning_study.py --settings norms,norms-N32 --seeds 1000,1001,1002
     python experiments/learning_study.py --list
@@ -89,7 +90,8 @@ def run_dir_of(out: Path, setting: str, seed: int) -> Path:
 
 
 def is_finished(run_dir: Path) -> bool:
-    return (run_dir / "summary.md").is_file()
+    """The study's own marker, written last (after the trainer's summary.md and the compacted records)."""
+    return (run_dir / "study.json").is_file()
 
 
 def finish_records(run_dir: Path) -> dict:
