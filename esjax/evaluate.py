@@ -21,11 +21,12 @@ from esjax.traces import TraceRecorder
 
 def evaluate_policy(model_config: ModelConfig, params: Any, agent: WebShopAgent | GenerateAgent, shop: Any,
                     goals: list[int], max_steps: int, batch: int = 256, traces: bool = False,
-                    max_new_tokens: int = 32) -> dict[str, Any]:
+                    max_new_tokens: int = 32, engine_cls: type[RolloutEngine] = RolloutEngine) -> dict[str, Any]:
     """Score (100 × mean reward), success rate (share of reward 1.0), their 95% intervals over goals, and per
     goal: the goal index, reward and success flag. ``traces``: also each episode's trace line
     (:mod:`esjax.traces`) under ``"traces"``, in goal order. A :class:`GenerateAgent` writes its actions
-    (generate mode, greedy, replies of up to ``max_new_tokens`` tokens)."""
+    (generate mode, greedy, replies of up to ``max_new_tokens`` tokens). ``engine_cls``: the scoring agent's
+    engine, a :class:`RolloutEngine` subclass to change how actions are picked (experiments/headroom.py)."""
     from envs.webshop_bridge import InProcessEnvPool
 
     pool = InProcessEnvPool(shop, max(1, min(batch, len(goals))))
@@ -36,7 +37,7 @@ def evaluate_policy(model_config: ModelConfig, params: Any, agent: WebShopAgent 
         engine = GenerateEngine(pool, agent, model_config, NoiseSpec(), lambda v: 0.0, max_steps, Sampling(),
                                 max_new_tokens, max_prompt_tokens=agent.max_prompt_tokens)
     else:
-        engine = RolloutEngine(pool, agent, model_config, NoiseSpec(), lambda v: 0.0, max_steps, temperature=0.0)
+        engine = engine_cls(pool, agent, model_config, NoiseSpec(), lambda v: 0.0, max_steps, temperature=0.0)
     recorder = TraceRecorder() if traces else None
     lines: list[dict[str, Any] | None] = [None] * len(goals)
     rewards = np.zeros(len(goals))

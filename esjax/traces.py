@@ -121,11 +121,13 @@ def behaviour(lines: Iterable[dict[str, Any]]) -> dict[str, float]:
     the first item page; buys, step-cap hits. This is what tells a score change apart: a higher score from
     choosing options shows here as option clicks (and whether the options clicked are the ones the instruction
     names), one from better products as fewer item pages per buy."""
+    from envs.webshop_bridge.policies import instruction_words, names_value
+
     episodes = searches = opened = options = pages_with_option = bought = first_page_buys = capped = steps = 0
     named = 0
     for line in lines:
         episodes += 1
-        words = f" {' '.join(str(line.get('instruction', '')).lower().replace(',', ' ').split())} "
+        words = instruction_words(str(line.get("instruction", "")))
         steps += int(line.get("steps", 0))
         capped += line.get("end") == "max_steps"
         opened_here, clicked_option = 0, False
@@ -148,7 +150,7 @@ def behaviour(lines: Iterable[dict[str, Any]]) -> dict[str, float]:
                 clicked_option = False
             else:
                 options += 1
-                named += f" {target} " in words  # the option rule's test: the value appears as words
+                named += names_value(words, target)  # the option rule's test
                 clicked_option = True
         pages_with_option += clicked_option
     n = max(episodes, 1)
@@ -171,18 +173,15 @@ def first_and_last_traces(traces_dir: str | Path) -> dict[int, list[dict[str, An
 
 def paired_delta(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, float] | None:
     """Score change between two evaluations on the same goals, with its 95% t interval over the per-goal
-    differences (pairing by goal removes the goals' own spread). None unless both cover the same goals."""
-    import numpy as np
-
-    from esjax.stats import t975
+    differences (pairing by goal removes the goals' own spread): :func:`esjax.stats.score_interval` of the reward
+    differences. None unless both cover the same goals."""
+    from esjax.stats import score_interval
 
     a = {line["goal"]: line["reward"] for line in before}
     b = {line["goal"]: line["reward"] for line in after}
     if not a or a.keys() != b.keys():
         return None
-    diffs = 100 * np.array([b[g] - a[g] for g in sorted(a)])
-    n = len(diffs)
-    half = t975(n - 1) * diffs.std(ddof=1) / np.sqrt(n) if n > 1 else float("nan")
-    mean = float(diffs.mean())
-    return {"delta": mean, "low": mean - half, "high": mean + half, "goals": n,
-            "better": int((diffs > 0).sum()), "worse": int((diffs < 0).sum())}
+    diffs = [b[g] - a[g] for g in sorted(a)]
+    low, high = score_interval(diffs) or (float("nan"), float("nan"))
+    return {"delta": 100 * sum(diffs) / len(diffs), "low": low, "high": high, "goals": len(diffs),
+            "better": sum(d > 0 for d in diffs), "worse": sum(d < 0 for d in diffs)}

@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from envs.webshop_bridge.policies import instruction_words, names_value  # noqa: E402
 from esjax.agent.webshop import WebShopAgent  # noqa: E402
 from esjax.loop.rollout import RolloutEngine  # noqa: E402
 
@@ -45,14 +46,8 @@ class RecordingAgent(WebShopAgent):
         return prompt, candidates, ids
 
 
-def named(instruction: str, value: str) -> bool:
-    """The option rule's test (envs.webshop_bridge.policies.FirstHitPolicy): the value appears as words."""
-    words = f" {' '.join(instruction.lower().replace(',', ' ').split())} "
-    return f" {value} " in words
-
-
 class Decisions:
-    """Item-page decision rules; ``choose(engine, episode, scores)`` returns a candidate index or None (policy)."""
+    """Item-page decision rules; ``choose(episode, scores)`` returns a candidate index or None (the policy's)."""
 
     def __init__(self, mode: str, bias: float = 0.0):
         self.mode, self.bias = mode, bias
@@ -64,7 +59,8 @@ class Decisions:
         if "buy now" not in texts:
             return None
         option_idx = [i for i, t in enumerate(texts) if t.startswith("choose ")]
-        named_idx = [i for i in option_idx if named(episode.memory.instruction, texts[i][len("choose "):])]
+        words = instruction_words(episode.memory.instruction)
+        named_idx = [i for i in option_idx if names_value(words, texts[i][len("choose "):])]
         if self.mode == "bias":
             shifted = np.array(scores, np.float64)
             shifted[option_idx] += self.bias
@@ -85,28 +81,16 @@ class Decisions:
 
 
 def evaluate(policy, shop, goals, decisions: Decisions | None, max_steps: int) -> dict:
-    from envs.webshop_bridge import InProcessEnvPool
-    from esjax.es.noise import NoiseSpec
-
-    agent = RecordingAgent(policy.tokenizer, "compact", score_norm="mean")
+    from esjax.evaluate import evaluate_policy
 
     class Engine(RolloutEngine):
         def _choose(self, episode, scores):
             picked = None if decisions is None else decisions.choose(episode, scores)
             return super()._choose(episode, scores) if picked is None else picked
 
-    engine = Engine(InProcessEnvPool(shop, 256), agent, policy.config, NoiseSpec(), lambda v: 0.0, max_steps,
-                    temperature=0.0)
-    rewards, started = np.zeros(len(goals)), 0
-    while started < len(goals) or engine.live:
-        while started < len(goals) and engine.free:
-            engine.start("eval", owner=0, version=0, index=0, goal=goals[started], position=started,
-                         sampling_seed=0, greedy=True)
-            started += 1
-        finished, _ = engine.tick(lambda v: policy.params)
-        for episode in finished:
-            rewards[episode.position] = episode.reward
-    return {"score": float(100 * rewards.mean()), "success_rate": float(np.mean(rewards == 1.0))}
+    agent = RecordingAgent(policy.tokenizer, "compact", score_norm="mean")
+    out = evaluate_policy(policy.config, policy.params, agent, shop, goals, max_steps, engine_cls=Engine)
+    return {"score": out["score"], "success_rate": out["success_rate"]}
 
 
 def main(argv: list[str] | None = None) -> int:

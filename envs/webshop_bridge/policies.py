@@ -108,6 +108,17 @@ class RandomPolicy:
         return f"click[{self.rng.choice(clickables)}]" if clickables else None
 
 
+def instruction_words(instruction: str) -> str:
+    """The instruction as the option rule reads it: lower-cased, commas dropped, words single-spaced and padded with
+    one space on each side, so that :func:`names_value` is a whole-word test."""
+    return f" {' '.join(instruction.lower().replace(',', ' ').split())} "
+
+
+def names_value(words: str, value: str) -> bool:
+    """Whether the option ``value`` appears as whole words in ``words`` (:func:`instruction_words`)."""
+    return f" {value} " in words
+
+
 class FirstHitPolicy:
     """The rule baselines: search the instruction, open the first hit, then (``options=True``) click every
     option value that the instruction names, and buy. No knowledge of the goal beyond its text."""
@@ -117,7 +128,7 @@ class FirstHitPolicy:
 
     def reset(self, goal_index: int, goal: Goal) -> None:
         self.instruction = goal.instruction_text
-        self.words = f" {' '.join(goal.instruction_text.lower().replace(',', ' ').split())} "
+        self.words = instruction_words(goal.instruction_text)
         self.chosen: set[str] = set()
 
     def act(self, observation: str, available: dict) -> str | None:
@@ -132,7 +143,7 @@ class FirstHitPolicy:
                 buttons = {BUY_NOW.lower(), PREV_PAGE.lower(), BACK_TO_SEARCH.lower(), "description", "features",
                            "reviews"}
                 for value in available["clickables"]:
-                    if value not in buttons and value not in self.chosen and f" {value} " in self.words:
+                    if value not in buttons and value not in self.chosen and names_value(self.words, value):
                         self.chosen.add(value)
                         return f"click[{value}]"
             return f"click[{BUY_NOW.lower()}]"
