@@ -121,6 +121,8 @@ class Trainer:
         # Set by a signal (Ctrl-C / SIGTERM, see esjax.trainer): checkpoint at the end of this tick, then stop.
         self.stop_requested = False
         self._saved_at = 0.0  # wall time of the last checkpoint (run.checkpoint_minutes)
+        # run.checkpoint_minutes: single-process runs only (the processes of a job would not agree on the tick)
+        self._checkpoint_minutes = config.run.checkpoint_minutes if jax.process_count() == 1 else None
 
     # ----------------------------------------------------------------------------------------- the algorithm
     def run(self, writer: MetricsWriter | RecordCounter, checkpointer: Checkpointer, progress: Progress) -> None:
@@ -153,8 +155,8 @@ class Trainer:
     def _end_of_tick(self) -> None:
         """The end of a tick is a consistent point (every finished job reported, every complete cohort applied):
         checkpoint here when a stop was asked for (then stop) or ``run.checkpoint_minutes`` have passed."""
-        minutes = self.config.run.checkpoint_minutes
-        due = minutes is not None and jax.process_count() == 1 and self.wall_time() - self._saved_at >= 60 * minutes
+        minutes = self._checkpoint_minutes
+        due = minutes is not None and self.wall_time() - self._saved_at >= 60 * minutes
         if self.stop_requested or due:
             self._save()
         if self.stop_requested:

@@ -97,11 +97,9 @@ def is_finished(run_dir: Path) -> bool:
 def finish_records(run_dir: Path) -> dict:
     """Behaviour before/after from the evaluation traces into ``behaviour.json``, then the run compacted
     (:func:`records.compact_run`: traces gzipped, checkpoints and plots dropped)."""
-    from esjax.traces import behaviour, read_traces
+    from esjax.traces import behaviour, first_and_last_traces
 
-    out = {}
-    for path in sorted((run_dir / "traces").glob("eval-v*.jsonl")):
-        out[str(int(path.stem.split("-v")[1]))] = behaviour(read_traces(path))
+    out = {str(v): behaviour(lines) for v, lines in first_and_last_traces(run_dir / "traces").items()}
     (run_dir / "behaviour.json").write_text(json.dumps(out, indent=1) + "\n")
     compact_run(run_dir)
     return out
@@ -135,12 +133,13 @@ BEHAVIOUR_KEYS = (("option_clicks_per_item_page", "option clicks / item page", "
 
 def collect(out: Path) -> dict[str, list[dict]]:
     """Every finished run under ``out``, by setting: seed, scores, success, seconds, commit, behaviour."""
+    from esjax.metrics import read_metrics
+
     found: dict[str, list[dict]] = {}
     for status_file in sorted(out.glob("*/seed*/study.json")):
         run_dir = status_file.parent
         status = json.loads(status_file.read_text())
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        evals = [r for r in records if r.get("kind") == "eval"]
+        evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "eval"]
         info = json.loads((run_dir / "run.json").read_text())
         behaviour = json.loads((run_dir / "behaviour.json").read_text())
         versions = sorted(behaviour, key=int)
@@ -154,7 +153,7 @@ def collect(out: Path) -> dict[str, list[dict]]:
 
 def report(out: Path) -> str:
     """learning.md's tables, regenerated from the run records under ``out`` alone."""
-    from esjax.stats import t975
+    from experiments.report import t_ci
 
     found = collect(out)
     order = [name for name in SETTINGS if name in found] + sorted(set(found) - set(SETTINGS))
@@ -163,12 +162,8 @@ def report(out: Path) -> str:
     for name in order:
         runs = sorted(found[name], key=lambda r: r["seed"])
         deltas = np.array([r["after"] - r["before"] for r in runs])
-        n = len(runs)
-        if n >= 2:
-            half = t975(n - 1) * deltas.std(ddof=1) / np.sqrt(n)
-            ci = f"[{deltas.mean() - half:+.1f}, {deltas.mean() + half:+.1f}]"
-        else:
-            ci = "(one seed)"
+        _, low, high = t_ci(deltas.tolist())
+        ci = f"[{low:+.1f}, {high:+.1f}]" if len(runs) >= 2 else "(one seed)"
         seeds = ",".join(str(r["seed"]) for r in runs)
         commits = ",".join(sorted({r["commit"] for r in runs}))
         lines.append(f"| {name} | {seeds} | {np.mean([r['before'] for r in runs]):.1f} → "
