@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--held-out-goals", type=int, default=400, help="eval-split goals the teacher plays")
     parser.add_argument("--report-every", type=int, default=100)
+    parser.add_argument("--options-only", action="store_true",
+                        help="softmax over the option candidates only (teach which option, not whether)")
     args = parser.parse_args(argv)
 
     import jax
@@ -51,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         list(shop.split("eval"))[: args.held_out_goals])
     policy = load_policy("embedded")
     agent = WebShopAgent(policy.tokenizer, "compact", score_norm=recipe.SCORE_NORM)
-    train_data, held_data = recipe.encode_steps(agent, train), recipe.encode_steps(agent, held_out)
+    eligible = (lambda text: text.startswith("choose ")) if args.options_only else None
+    train_data = recipe.encode_steps(agent, train, eligible)
+    held_data = recipe.encode_steps(agent, held_out, eligible)
     config = policy.config
     params = policy.params if args.init == "shipped" else init_params(config, jax.random.key(0))
     step = recipe.make_train_step(config, args.lr, args.steps, 0.01)

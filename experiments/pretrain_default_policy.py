@@ -167,8 +167,10 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def encode_steps(agent, steps):
+def encode_steps(agent, steps, eligible=None):
     """Fixed-shape arrays of the steps, encoded exactly as ``WebShopAgent.step_inputs`` does.
+
+    ``eligible(text) -> bool``, if given, limits each step's softmax to the candidates it accepts (``valid``).
 
     Steps are grouped by page kind and, on item pages, by candidate count and length (a results page has 12
     long candidates; an item page from 3 to 50+ mostly short ones), and each group is padded to its own shapes,
@@ -197,7 +199,9 @@ def encode_steps(agent, steps):
         p_tok, p_mask = left_pad(prompts, n, plen)
         flat = [c for cs in cands for c in cs + [[]] * (K - len(cs))]
         c_tok, c_mask = right_pad(flat, n * K, clen)
-        valid = np.array([[k < len(cs) for k in range(K)] for cs in cands])
+        texts = [cs for _, cs, _ in chosen]
+        valid = np.array([[k < len(cs) and (eligible is None or eligible(cs[k])) for k in range(K)]
+                          for cs in texts])
         target = np.array([t for _, _, t in chosen], np.int32)
         groups[key] = {"p_tok": p_tok, "p_mask": p_mask, "c_tok": c_tok.reshape(n, K, clen),
                        "c_mask": c_mask.reshape(n, K, clen), "valid": valid, "target": target}
