@@ -284,6 +284,51 @@ def make_train_step(config, lr: float, steps: int, weight_decay: float):
     return step
 
 
+def train(config, params, data, steps: int, lr: float, args, stage: str):
+    """``steps`` AdamW steps of the candidate cross-entropy over ``data``; returns params and the per-step logs."""
+    opt_state = make_optimizer(lr, steps, args.weight_decay).init(params)
+    train_step = make_train_step(config, lr, steps, args.weight_decay)
+    started, losses, accs = time.perf_counter(), [], []
+    for i, (kind, idx) in enumerate(batch_plan(data, args.batch, steps, args.seed)):
+        params, opt_state, loss, acc = train_step(params, opt_state, {k: v[idx] for k, v in data[kind].items()})
+        losses.append(float(loss))
+        accs.append(float(acc))
+        if args.log_every and (i + 1) % args.log_every == 0:
+            print(f"{stage} step {i + 1}/{steps}: loss {np.mean(losses[-args.log_every:]):.3f} "
+                  f"acc {np.mean(accs[-args.log_every:]):.3f} ({time.perf_counter() - started:.0f} s)", flush=True)
+    return params, losses, accs
+
+
+def is_option(text: str) -> bool:
+    """Stage 2's softmax runs over the ``choose <value>`` candidates only: it teaches *which* value, not *whether*."""
+    return text.startswith("choose ")
+
+
+def option_decisions(shop, goals, seed: int):
+    """The item-page steps where the never-hasty teacher chooses one of the goal's option values."""
+    steps, _, _ = demonstrations(shop, goals, 0.0, seed)
+    return [s for s in steps if "| page: item |" in s[0] and is_option(s[1][s[2]])]
+
+
+def option_accuracy(config, params, groups) -> float:
+    """Share of option decisions where the demonstrated value has the best score among the offered values."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def hits(params, batch):
+        scores = candidate_scores(config, params, batch["p_tok"], batch["p_mask"], batch["c_tok"], batch["c_mask"])
+        return (jnp.argmax(jnp.where(batch["valid"], scores, -1e9), 1) == batch["target"]).sum()
+
+    correct = total = 0
+    for data in groups.values():
+        for i in range(0, len(data["target"]), 64):
+            batch = {k: v[i:i + 64] for k, v in data.items()}
+            correct += int(hits(params, batch))
+            total += len(batch["target"])
+    return correct / max(total, 1)
+
+
 def params_digest(params) -> str:
     import jax
 
@@ -310,6 +355,53 @@ def write_folder(out: Path, config, params, tokenizer) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
 
 
+def command_line(args: dict) -> str:
+    """The command that regenerates the folder (``args`` as recorded in the report)."""
+    parts = ["python experiments/pretrain_default_policy.py", f"--seed {args['seed']}"]
+    if args["init"] is None:
+        parts += [f"--steps {args['steps']}", f"--hasty {args['hasty']}"]
+    else:
+        parts.append(f"--init {args['init']}")
+    if args["option_steps"]:
+        parts += [f"--option-steps {args['option_steps']}", f"--option-lr {args['option_lr']}"]
+    return " ".join(parts)
+
+
+def stage1_lines(report: dict) -> list[str]:
+    a, s1 = report["args"], report["stage1"]
+    if "init" in s1:
+        return [f"- Stage 1 (behaviour cloning of a hasty teacher): the weights of `{s1['init']}` (digest "
+                f"`{s1['init_digest']}`), made by this script's stage 1 (`--steps 1500 --hasty 0.35`; git history)."]
+    return [
+        f"- Stage 1 demonstrations: the first {a['demo_goals']} train goals, played by a teacher that opens the "
+        "goal's product when it is on results page 1 and the first hit otherwise, clicks the goal's options and "
+        f"buys; in a random {a['hasty']:.0%} of the episodes it is *hasty* (buys right after opening the product). "
+        f"Teacher's mean reward: {s1['demo_reward']:.3f}. {s1['demo_steps']} multi-candidate steps recorded "
+        f"({s1['demo_skipped']} skipped: action not a candidate).",
+        "- Stage 1 loss: cross-entropy of the demonstrated candidate under softmax over the candidates' mean "
+        f"per-token log-likelihoods given the compact prompt; AdamW lr {a['lr']} (warm-up, cosine decay), weight "
+        f"decay {a['weight_decay']}, batch {a['batch']}, {a['steps']} steps (about {s1['epochs']:.1f} epochs), "
+        f"seed {a['seed']}; final loss {s1['final_loss']:.3f}, candidate accuracy {s1['final_acc']:.3f} (last 50 "
+        f"steps); {s1['seconds']:.0f} s.",
+    ]
+
+
+def stage2_lines(report: dict) -> list[str]:
+    a, s2 = report["args"], report["stage2"]
+    if not s2:
+        return []
+    return [
+        f"- Stage 2 (which option): {s2['decisions']} option decisions of the never-hasty teacher on the same train "
+        "goals (item pages where it chooses a value the goal names); softmax over the offered `choose <value>` "
+        "candidates only, so it teaches *which* value matches the instruction and leaves *whether* to choose one "
+        f"(versus `buy now`) to reward-driven fine-tuning; AdamW lr {a['option_lr']}, {a['option_steps']} steps, "
+        f"final loss {s2['final_loss']:.3f}; {s2['seconds']:.0f} s.",
+        f"- Held-out option accuracy ({s2['held_out']} decisions on eval-split goals: the demonstrated value scores "
+        f"best among the offered values): {s2['held_out_acc_before']:.3f} before stage 2, {s2['held_out_acc']:.3f} "
+        "after.",
+    ]
+
+
 def write_readme(out: Path, report: dict) -> None:
     a = report["args"]
     lines = [
@@ -323,8 +415,7 @@ def write_readme(out: Path, report: dict) -> None:
         "Regenerate (bit-identical on the same CPU / jax build, see below):",
         "",
         "```",
-        f"python experiments/pretrain_default_policy.py --seed {a['seed']} --steps {a['steps']} "
-        f"--hasty {a['hasty']}",
+        command_line(a),
         "```",
         "",
         "## Model",
@@ -343,19 +434,10 @@ def write_readme(out: Path, report: dict) -> None:
         f"- Shop: WebShop's real 1,000-product set (`load_webshop(\"{DATA}\", seed={CATALOG_SEED})`, packaged): "
         f"{report['splits']['train']} train / {report['splits']['eval']} eval / {report['splits']['test']} "
         "test goals (WebShop's split). Only train goals are played.",
-        f"- Demonstrations: the first {a['demo_goals']} train goals, played by a teacher that opens the goal's "
-        "product when it is on results page 1 and the first hit otherwise, clicks the goal's options and buys; "
-        f"in a random {a['hasty']:.0%} of the episodes it is *hasty* (buys right after opening the product). "
-        f"Teacher's mean reward: {report['demo_reward']:.3f}. {report['demo_steps']} multi-candidate steps "
-        f"recorded ({report['demo_skipped']} skipped: action not a candidate).",
-        "- Loss: cross-entropy of the demonstrated candidate under softmax over the candidates' mean per-token "
-        f"log-likelihoods given the compact prompt; AdamW lr {a['lr']} (warm-up, cosine decay), weight decay "
-        f"{a['weight_decay']}, batch {a['batch']}, {a['steps']} steps (about {report['epochs']:.1f} epochs), "
-        f"seed {a['seed']}.",
-        f"- Final training loss {report['final_loss']:.3f}, candidate accuracy {report['final_acc']:.3f} (last "
-        "50 steps).",
-        f"- Run time: {report['train_seconds']:.0f} s training, {report['total_seconds']:.0f} s in all, on "
-        f"{report['machine']} (load average at start {report['load']}).",
+        *stage1_lines(report),
+        *stage2_lines(report),
+        f"- Run time: {report['total_seconds']:.0f} s in all, on {report['machine']} (load average at the end "
+        f"{report['load']}).",
         "",
         f"## Greedy scores on real WebShop (score = 100 × mean reward, success = share of reward 1.0, at most "
         f"{MAX_STEPS} steps)",
@@ -399,6 +481,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--eval-goals", type=int, default=500, help="held-out goals per split for the README scores")
+    p.add_argument("--option-steps", type=int, default=0,
+                   help="stage 2: steps of option-only behaviour cloning (which value to choose; 0 = none)")
+    p.add_argument("--option-lr", type=float, default=3e-3)
+    p.add_argument("--init", type=Path, default=None,
+                   help="start stage 2 from this policy folder (its weights and tokenizer) instead of running stage 1")
     p.add_argument("--quick", action="store_true", help="a seconds-long run (tests): few goals and steps, no eval")
     p.add_argument("--log-every", type=int, default=50)
     return p
@@ -419,30 +506,40 @@ def main(argv: list[str] | None = None) -> dict:
 
     shop = load_webshop(DATA, seed=CATALOG_SEED)
     train_goals = list(shop.split("train"))[: args.demo_goals]
-    steps, demo_reward, skipped = demonstrations(shop, train_goals, args.hasty, args.seed)
-    tokenizer = train_bpe(tokenizer_corpus(shop, steps), MODEL["vocab_size"])
-    agent = WebShopAgent(tokenizer, "compact", score_norm=SCORE_NORM)
-    data = encode_steps(agent, steps)
-    n = len(steps)
-    print(f"{n} demonstration steps from {len(train_goals)} goals (demonstrator reward {demo_reward:.3f}); "
-          f"{time.perf_counter() - t0:.1f} s", flush=True)
+    stage1 = {}
+    if args.init is None:
+        steps, demo_reward, skipped = demonstrations(shop, train_goals, args.hasty, args.seed)
+        tokenizer = train_bpe(tokenizer_corpus(shop, steps), MODEL["vocab_size"])
+        agent = WebShopAgent(tokenizer, "compact", score_norm=SCORE_NORM)
+        data = encode_steps(agent, steps)
+        print(f"{len(steps)} demonstration steps from {len(train_goals)} goals (demonstrator reward "
+              f"{demo_reward:.3f}); {time.perf_counter() - t0:.1f} s", flush=True)
+        config = from_hf_dict(MODEL, "MODEL")
+        params = init_params(config, jax.random.key(args.seed))
+        t_train = time.perf_counter()
+        params, losses, accs = train(config, params, data, args.steps, args.lr, args, "stage 1")
+        stage1 = {"demo_reward": demo_reward, "demo_steps": len(steps), "demo_skipped": skipped,
+                  "epochs": args.steps * args.batch / len(steps), "final_loss": float(np.mean(losses[-50:])),
+                  "final_acc": float(np.mean(accs[-50:])), "seconds": time.perf_counter() - t_train}
+    else:
+        from esjax.agent.policy import load_policy
 
-    config = from_hf_dict(MODEL, "MODEL")
-    params = init_params(config, jax.random.key(args.seed))
-    opt_state = make_optimizer(args.lr, args.steps, args.weight_decay).init(params)
-    train_step = make_train_step(config, args.lr, args.steps, args.weight_decay)
-    plan = batch_plan(data, args.batch, args.steps, args.seed)
-    t_train = time.perf_counter()
-    losses, accs = [], []
-    for i, (kind, idx) in enumerate(plan):
-        batch = {k: v[idx] for k, v in data[kind].items()}
-        params, opt_state, loss, acc = train_step(params, opt_state, batch)
-        losses.append(float(loss))
-        accs.append(float(acc))
-        if args.log_every and (i + 1) % args.log_every == 0:
-            print(f"step {i + 1}/{args.steps}: loss {np.mean(losses[-args.log_every:]):.3f} "
-                  f"acc {np.mean(accs[-args.log_every:]):.3f} ({time.perf_counter() - t_train:.0f} s)", flush=True)
-    train_seconds = time.perf_counter() - t_train
+        start = load_policy("hf", str(args.init))
+        config, params, tokenizer = start.config, start.params, start.tokenizer
+        agent = WebShopAgent(tokenizer, "compact", score_norm=SCORE_NORM)
+        stage1 = {"init": str(args.init), "init_digest": params_digest(params)}
+    stage2 = {}
+    if args.option_steps:
+        t_opt = time.perf_counter()
+        option_data, held_out = option_decisions(shop, train_goals, args.seed), option_decisions(
+            shop, list(shop.split("eval"))[: args.eval_goals or 100], args.seed)
+        data, held = encode_steps(agent, option_data, is_option), encode_steps(agent, held_out, is_option)
+        before = option_accuracy(config, params, held)
+        params, losses, accs = train(config, params, data, args.option_steps, args.option_lr, args, "stage 2")
+        stage2 = {"decisions": len(option_data), "held_out": len(held_out), "held_out_acc_before": before,
+                  "held_out_acc": option_accuracy(config, params, held), "final_loss": float(np.mean(losses[-50:])),
+                  "seconds": time.perf_counter() - t_opt}
+        print(f"stage 2: held-out option accuracy {before:.3f} -> {stage2['held_out_acc']:.3f}", flush=True)
     digest = params_digest(params)
 
     evals = []
@@ -464,18 +561,16 @@ def main(argv: list[str] | None = None) -> dict:
     folder_bytes = sum(f.stat().st_size for f in args.out.iterdir() if f.is_file())
     report = {
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "param_count": param_count(params), "digest": digest, "demo_reward": demo_reward, "demo_steps": n,
-        "demo_skipped": skipped, "epochs": args.steps * args.batch / n,
+        "param_count": param_count(params), "digest": digest, "stage1": stage1, "stage2": stage2,
         "splits": {s: len(shop.split(s)) for s in ("train", "eval", "test")},
-        "final_loss": float(np.mean(losses[-50:])), "final_acc": float(np.mean(accs[-50:])),
-        "train_seconds": train_seconds, "total_seconds": time.perf_counter() - t0, "folder_bytes": folder_bytes,
+        "total_seconds": time.perf_counter() - t0, "folder_bytes": folder_bytes,
         "machine": f"{platform.machine()} x{os.cpu_count()} CPU, jax {jax.__version__}",
         "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
         "evals": [{k: v for k, v in e.items() if k != "rewards"} for e in evals],
     }
     if not args.quick:
         write_readme(args.out, report)
-    print(json.dumps({k: report[k] for k in ("digest", "param_count", "folder_bytes", "train_seconds")}))
+    print(json.dumps({k: report[k] for k in ("digest", "param_count", "folder_bytes", "total_seconds")}))
     return report
 
 

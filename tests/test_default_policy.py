@@ -99,3 +99,31 @@ def test_quick_pretraining_is_deterministic(tmp_path):
     assert (tmp_path / "a" / "tokenizer.json").read_text() == (tmp_path / "b" / "tokenizer.json").read_text()
     other = module.main(["--quick", "--seed", "4", "--out", str(tmp_path / "c")])
     assert other["digest"] != first["digest"]
+
+
+@pytest.mark.slow
+def test_option_stage_starts_from_a_folder_and_is_deterministic(tmp_path):
+    """Stage 2 (option-only cloning) from a stage-1 folder: same seed, same bits; it moves the weights; it only
+    ever trains on ``choose`` candidates."""
+    module = _pretrain_module()
+    module.main(["--quick", "--seed", "3", "--out", str(tmp_path / "s1")])
+    stage2 = ["--quick", "--seed", "3", "--init", str(tmp_path / "s1"), "--option-steps", "2"]
+    first = module.main([*stage2, "--out", str(tmp_path / "a")])
+    second = module.main([*stage2, "--out", str(tmp_path / "b")])
+    assert first["digest"] == second["digest"] != first["stage1"]["init_digest"]
+    assert first["stage2"]["decisions"] > 0 and 0.0 <= first["stage2"]["held_out_acc"] <= 1.0
+    assert (tmp_path / "a" / "tokenizer.json").read_text() == (tmp_path / "s1" / "tokenizer.json").read_text()
+    assert "--init" in module.command_line(first["args"]) and "--option-steps 2" in module.command_line(first["args"])
+
+
+def test_option_decisions_target_a_named_value():
+    module = _pretrain_module()
+    from envs.webshop_bridge import load_webshop
+
+    shop = load_webshop(module.DATA, seed=module.CATALOG_SEED)
+    goals = list(shop.split("train"))[:40]
+    decisions = module.option_decisions(shop, goals, 0)
+    assert decisions
+    for prompt, candidates, target in decisions:
+        assert "| page: item |" in prompt and module.is_option(candidates[target])
+        assert candidates[target][len("choose "):] in prompt.split(" | page:")[0]
