@@ -98,12 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--goals", type=int, default=500, help="first N goals of the eval split")
     parser.add_argument("--biases", default="0.5,1,1.5,2,2.5,3,4")
     parser.add_argument("--markdown", type=Path, help="write the table here")
+    parser.add_argument("--policy", type=Path, help="an HF policy folder (default: the embedded policy)")
     args = parser.parse_args(argv)
     from envs.webshop_bridge import load_webshop
     from esjax.agent.policy import load_policy
 
     shop = load_webshop("webshop_small", seed=0)
-    policy = load_policy("embedded")
+    policy = load_policy("embedded") if args.policy is None else load_policy("hf", str(args.policy))
     goals = list(shop.split("eval"))[: args.goals]
     rows = []
     started = time.perf_counter()
@@ -126,9 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     print(rows[-1]["note"], flush=True)
     seconds = time.perf_counter() - started
     if args.markdown:
-        lines = [f"<!-- written by: python experiments/headroom.py --goals {args.goals} --biases {args.biases} "
+        which = "" if args.policy is None else f" --policy {args.policy}"
+        lines = [f"<!-- written by: python experiments/headroom.py --goals {args.goals} --biases {args.biases}{which} "
                  f"--markdown {args.markdown} ({time.strftime('%Y-%m-%d')}, {platform.machine()}, {seconds:.0f} s) -->",
-                 "", f"Shipped policy, greedy, first {len(goals)} goals of WebShop's eval split, at most 15 steps:", "",
+                 "", f"{'Shipped policy' if args.policy is None else args.policy}, greedy, first {len(goals)} goals of "
+                 "WebShop's eval split, at most 15 steps:", "",
                  "| policy | score | success | note |", "|---|---|---|---|"]
         lines += [f"| {r['policy']} | {r['score']:.1f} | {100 * r['success_rate']:.1f}% | {r['note']} |" for r in rows]
         args.markdown.write_text("\n".join(lines) + "\n")

@@ -105,11 +105,13 @@ def finish_records(run_dir: Path) -> dict:
     return out
 
 
-def run_one(setting: str, seed: int, run_dir: Path) -> dict:
+def run_one(setting: str, seed: int, run_dir: Path, policy: Path | None = None) -> dict:
     from esjax.config import load_config
     from esjax.trainer import train
 
     overrides = [*SETTINGS[setting][1], *COMMON, f"run.seed={seed}", f"run.name={setting}-seed{seed}"]
+    if policy is not None:  # a candidate starting policy (an HF folder) instead of the embedded one
+        overrides += ["model.source=hf", f"model.path={policy}"]
     config = load_config(BASE, overrides)
     overrides.append(f"run.eval_every={config.run.updates}")
     config = load_config(BASE, overrides)
@@ -196,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="1000,1001,1002", help="comma-separated seeds (>= 1000: never the "
                                                                  "Done-means seeds 0-7)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--policy", type=Path, help="start from this HF policy folder instead of the embedded one")
     parser.add_argument("--list", action="store_true", help="print the runs and their state, then exit")
     parser.add_argument("--report", action="store_true", help="print the tables of every finished run under --out")
     args = parser.parse_args(argv)
@@ -219,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         if run_dir.exists():  # an interrupted run starts over (its records would be partial)
             shutil.rmtree(run_dir)
         try:
-            status = run_one(name, seed, run_dir)
+            status = run_one(name, seed, run_dir, args.policy)
         except Exception as err:  # one broken run must not stop the study: record it and go on
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "failed.json").write_text(json.dumps({"setting": name, "seed": seed, "error": repr(err)}) + "\n")

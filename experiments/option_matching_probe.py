@@ -22,6 +22,30 @@ for path in (REPO, REPO / "experiments"):
         sys.path.insert(0, str(path))
 
 
+def make_copy_step(recipe, config, lr, steps):
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    optimizer = recipe.make_optimizer(lr, steps, 0.01)
+
+    def loss_fn(params, batch):
+        pick = batch["target"][:, None, None]
+        c_tok = jnp.take_along_axis(batch["c_tok"], pick, axis=1)
+        c_mask = jnp.take_along_axis(batch["c_mask"], pick, axis=1)
+        logp = recipe.candidate_token_logps(config, params, batch["p_tok"], batch["p_mask"], c_tok, c_mask)
+        value = c_mask.at[:, :, 0].set(False)  # the value's tokens, not the shared 'choose'
+        return -(jnp.where(value, logp, 0.0).sum() / value.sum()), 0.0
+
+    @jax.jit
+    def step(params, opt_state, batch):
+        (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss, acc
+
+    return step
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=400)
@@ -30,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--held-out-goals", type=int, default=400, help="eval-split goals the teacher plays")
     parser.add_argument("--report-every", type=int, default=100)
+    parser.add_argument("--loss", choices=["softmax", "copy"], default="softmax",
+                        help="softmax over candidates, or 'copy': log-likelihood of the demonstrated value's tokens "
+                             "(its candidate alone: cheap, dense)")
     parser.add_argument("--options-only", action="store_true",
                         help="softmax over the option candidates only (teach which option, not whether)")
     args = parser.parse_args(argv)
@@ -58,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     held_data = recipe.encode_steps(agent, held_out, eligible)
     config = policy.config
     params = policy.params if args.init == "shipped" else init_params(config, jax.random.key(0))
-    step = recipe.make_train_step(config, args.lr, args.steps, 0.01)
+    step = (recipe.make_train_step(config, args.lr, args.steps, 0.01) if args.loss == "softmax"
+            else make_copy_step(recipe, config, args.lr, args.steps))
     opt_state = recipe.make_optimizer(args.lr, args.steps, 0.01).init(params)
 
     @jax.jit

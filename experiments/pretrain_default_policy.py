@@ -228,11 +228,14 @@ def batch_plan(groups, batch: int, steps: int, seed: int):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def candidate_scores(config, params, p_tok, p_mask, c_tok, c_mask):
-    """Each candidate's mean per-token log-likelihood given its prompt, ``[B, K]`` (as ``score_candidates``)."""
+def candidate_token_logps(config, params, p_tok, p_mask, c_tok, c_mask):
+    """Each candidate token's log-likelihood given the prompt and the candidate's earlier tokens, ``[B, K, L]``.
+
+    The prompt runs once into a KV cache and the candidates run on top of it (as ``score_candidates`` does).
+    """
     import jax.numpy as jnp
 
-    from esjax.agent.scoring import normalize_scores, token_logprobs
+    from esjax.agent.scoring import token_logprobs
     from esjax.model.decoder import default_positions, forward, init_cache
 
     rows, plen = p_tok.shape
@@ -247,9 +250,17 @@ def candidate_scores(config, params, p_tok, p_mask, c_tok, c_mask):
     c_mask = c_mask.reshape(rows * K, clen)
     hidden_c, _ = forward(config, params, c_tok, c_pos, c_mask, cache, return_hidden=True)
     pred = jnp.concatenate([last, hidden_c[:, :-1]], axis=1)
-    logp = token_logprobs(config, params, pred, c_tok, None)
-    summed = jnp.where(c_mask, logp, 0.0).sum(axis=1).reshape(rows, K)
-    return normalize_scores(summed, c_mask.sum(axis=1).reshape(rows, K), SCORE_NORM)
+    return token_logprobs(config, params, pred, c_tok, None).reshape(rows, K, clen)
+
+
+def candidate_scores(config, params, p_tok, p_mask, c_tok, c_mask):
+    """Each candidate's mean per-token log-likelihood given its prompt, ``[B, K]`` (as ``score_candidates``)."""
+    import jax.numpy as jnp
+
+    from esjax.agent.scoring import normalize_scores
+
+    logp = candidate_token_logps(config, params, p_tok, p_mask, c_tok, c_mask)
+    return normalize_scores(jnp.where(c_mask, logp, 0.0).sum(axis=2), c_mask.sum(axis=2), SCORE_NORM)
 
 
 def make_optimizer(lr: float, steps: int, weight_decay: float):
@@ -284,8 +295,11 @@ def make_train_step(config, lr: float, steps: int, weight_decay: float):
     return step
 
 
-def train(config, params, data, steps: int, lr: float, args, stage: str):
-    """``steps`` AdamW steps of the candidate cross-entropy over ``data``; returns params and the per-step logs."""
+def train(config, params, data, steps: int, lr: float, args, stage: str, report=None):
+    """``steps`` AdamW steps of the candidate cross-entropy over ``data``; returns params and the per-step logs.
+
+    ``report(params) -> str``, if given, is printed with every log line (e.g. a held-out accuracy).
+    """
     opt_state = make_optimizer(lr, steps, args.weight_decay).init(params)
     train_step = make_train_step(config, lr, steps, args.weight_decay)
     started, losses, accs = time.perf_counter(), [], []
@@ -295,7 +309,8 @@ def train(config, params, data, steps: int, lr: float, args, stage: str):
         accs.append(float(acc))
         if args.log_every and (i + 1) % args.log_every == 0:
             print(f"{stage} step {i + 1}/{steps}: loss {np.mean(losses[-args.log_every:]):.3f} "
-                  f"acc {np.mean(accs[-args.log_every:]):.3f} ({time.perf_counter() - started:.0f} s)", flush=True)
+                  f"acc {np.mean(accs[-args.log_every:]):.3f} ({time.perf_counter() - started:.0f} s)"
+                  f"{'' if report is None or (i + 1) % (10 * args.log_every) else ' ' + report(params)}", flush=True)
     return params, losses, accs
 
 
@@ -304,10 +319,22 @@ def is_option(text: str) -> bool:
     return text.startswith("choose ")
 
 
-def option_decisions(shop, goals, seed: int):
-    """The item-page steps where the never-hasty teacher chooses one of the goal's option values."""
+def option_decisions(shop, goals, seed: int, max_values: int = 16):
+    """The item-page steps where the never-hasty teacher chooses one of the goal's option values.
+
+    Each step keeps only ``choose <value>`` candidates (stage 2's softmax runs over them alone), at most
+    ``max_values`` of them: the demonstrated one and a seeded random sample of the others, in page order.
+    """
     steps, _, _ = demonstrations(shop, goals, 0.0, seed)
-    return [s for s in steps if "| page: item |" in s[0] and is_option(s[1][s[2]])]
+    rng = np.random.default_rng([seed, 31])
+    out = []
+    for prompt, candidates, target in steps:
+        if "| page: item |" not in prompt or not is_option(candidates[target]):
+            continue
+        others = [i for i, c in enumerate(candidates) if is_option(c) and i != target]
+        keep = sorted([target, *rng.permutation(others)[: max_values - 1].tolist()])
+        out.append((prompt, [candidates[i] for i in keep], keep.index(target)))
+    return out
 
 
 def option_accuracy(config, params, groups) -> float:
@@ -532,10 +559,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.option_steps:
         t_opt = time.perf_counter()
         option_data, held_out = option_decisions(shop, train_goals, args.seed), option_decisions(
-            shop, list(shop.split("eval"))[: args.eval_goals or 100], args.seed)
+            shop, list(shop.split("eval"))[: args.eval_goals or 100], args.seed, max_values=1000)
         data, held = encode_steps(agent, option_data, is_option), encode_steps(agent, held_out, is_option)
         before = option_accuracy(config, params, held)
-        params, losses, accs = train(config, params, data, args.option_steps, args.option_lr, args, "stage 2")
+        params, losses, accs = train(config, params, data, args.option_steps, args.option_lr, args, "stage 2",
+                                     lambda p: f"held-out option accuracy {option_accuracy(config, p, held):.3f}")
         stage2 = {"decisions": len(option_data), "held_out": len(held_out), "held_out_acc_before": before,
                   "held_out_acc": option_accuracy(config, params, held), "final_loss": float(np.mean(losses[-50:])),
                   "seconds": time.perf_counter() - t_opt}
