@@ -391,6 +391,8 @@ def command_line(args: dict) -> str:
         parts.append(f"--init {args['init']}")
     if args["option_steps"]:
         parts += [f"--option-steps {args['option_steps']}", f"--option-lr {args['option_lr']}"]
+    if args.get("joint_steps"):
+        parts += [f"--joint-steps {args['joint_steps']}", f"--joint-lr {args['joint_lr']}"]
     return " ".join(parts)
 
 
@@ -429,6 +431,17 @@ def stage2_lines(report: dict) -> list[str]:
     ]
 
 
+def stage3_lines(report: dict) -> list[str]:
+    a, s3 = report["args"], report.get("stage3")
+    if not s3:
+        return []
+    return [f"- Stage 3 (joint): {a['joint_steps']} steps, AdamW lr {a['joint_lr']}, on stage 1's {s3['demo_steps']} "
+            f"demonstration steps (softmax over every candidate) and stage 2's {s3['decisions']} option decisions "
+            "together, so the results-page and buy decisions that option-only training wears down are learned "
+            f"again; final loss {s3['final_loss']:.3f}, held-out option accuracy after: {s3['held_out_acc']:.3f}; "
+            f"{s3['seconds']:.0f} s."]
+
+
 def write_readme(out: Path, report: dict) -> None:
     a = report["args"]
     lines = [
@@ -442,9 +455,13 @@ def write_readme(out: Path, report: dict) -> None:
         "Regenerate (bit-identical on the same CPU / jax build, see below):",
         "",
         "```",
-        command_line(a),
+        command_line({**a, "init": None}),
         "```",
         "",
+        *([] if a["init"] is None else [
+            f"These weights ran stage 2 alone (`{command_line(a)}`) on stage-1 weights made earlier by the same "
+            f"script's stage 1 (digest `{report['stage1']['init_digest']}`; the default policy before stage 2 "
+            "existed, in git history), which is what the one command above runs first.", ""]),
         "## Model",
         "",
         f"- Qwen2 architecture: hidden {MODEL['hidden_size']}, {MODEL['num_hidden_layers']} layers, "
@@ -463,6 +480,7 @@ def write_readme(out: Path, report: dict) -> None:
         "test goals (WebShop's split). Only train goals are played.",
         *stage1_lines(report),
         *stage2_lines(report),
+        *stage3_lines(report),
         f"- Run time: {report['total_seconds']:.0f} s in all, on {report['machine']} (load average at the end "
         f"{report['load']}).",
         "",
@@ -511,8 +529,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--option-steps", type=int, default=0,
                    help="stage 2: steps of option-only behaviour cloning (which value to choose; 0 = none)")
     p.add_argument("--option-lr", type=float, default=3e-3)
+    p.add_argument("--joint-steps", type=int, default=0,
+                   help="stage 3: steps on stage 1's demonstrations and stage 2's option decisions together "
+                        "(re-learns the other decisions stage 2 alone wears down; 0 = none)")
+    p.add_argument("--joint-lr", type=float, default=2e-3)
     p.add_argument("--init", type=Path, default=None,
-                   help="start stage 2 from this policy folder (its weights and tokenizer) instead of running stage 1")
+                   help="start from this policy folder (its weights and tokenizer) instead of running stage 1")
     p.add_argument("--quick", action="store_true", help="a seconds-long run (tests): few goals and steps, no eval")
     p.add_argument("--log-every", type=int, default=50)
     return p
@@ -555,19 +577,35 @@ def main(argv: list[str] | None = None) -> dict:
         config, params, tokenizer = start.config, start.params, start.tokenizer
         agent = WebShopAgent(tokenizer, "compact", score_norm=SCORE_NORM)
         stage1 = {"init": str(args.init), "init_digest": params_digest(params)}
-    stage2 = {}
-    if args.option_steps:
-        t_opt = time.perf_counter()
+    stage2, stage3 = {}, {}
+    if args.option_steps or args.joint_steps:
         option_data, held_out = option_decisions(shop, train_goals, args.seed), option_decisions(
             shop, list(shop.split("eval"))[: args.eval_goals or 100], args.seed, max_values=1000)
-        data, held = encode_steps(agent, option_data, is_option), encode_steps(agent, held_out, is_option)
+        options, held = encode_steps(agent, option_data, is_option), encode_steps(agent, held_out, is_option)
+
+        def held_out_accuracy(p) -> str:
+            return f"held-out option accuracy {option_accuracy(config, p, held):.3f}"
+    if args.option_steps:
+        t_opt = time.perf_counter()
         before = option_accuracy(config, params, held)
-        params, losses, accs = train(config, params, data, args.option_steps, args.option_lr, args, "stage 2",
-                                     lambda p: f"held-out option accuracy {option_accuracy(config, p, held):.3f}")
+        params, losses, _ = train(config, params, options, args.option_steps, args.option_lr, args, "stage 2",
+                                  held_out_accuracy)
         stage2 = {"decisions": len(option_data), "held_out": len(held_out), "held_out_acc_before": before,
                   "held_out_acc": option_accuracy(config, params, held), "final_loss": float(np.mean(losses[-50:])),
                   "seconds": time.perf_counter() - t_opt}
         print(f"stage 2: held-out option accuracy {before:.3f} -> {stage2['held_out_acc']:.3f}", flush=True)
+    if args.joint_steps:
+        t_joint = time.perf_counter()
+        if args.init is not None:  # stage 1 did not run here: its demonstrations, as stage 1 would record them
+            steps, _, _ = demonstrations(shop, train_goals, args.hasty, args.seed)
+        demos = encode_steps(agent, steps)
+        joint = {**{f"demo/{k}": v for k, v in demos.items()}, **{f"option/{k}": v for k, v in options.items()}}
+        params, losses, accs = train(config, params, joint, args.joint_steps, args.joint_lr, args, "stage 3",
+                                     held_out_accuracy)
+        stage3 = {"demo_steps": len(steps), "decisions": len(option_data), "held_out": len(held_out),
+                  "held_out_acc": option_accuracy(config, params, held), "final_loss": float(np.mean(losses[-50:])),
+                  "seconds": time.perf_counter() - t_joint}
+        print(f"stage 3: held-out option accuracy {stage3['held_out_acc']:.3f}", flush=True)
     digest = params_digest(params)
 
     evals = []
@@ -589,7 +627,7 @@ def main(argv: list[str] | None = None) -> dict:
     folder_bytes = sum(f.stat().st_size for f in args.out.iterdir() if f.is_file())
     report = {
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "param_count": param_count(params), "digest": digest, "stage1": stage1, "stage2": stage2,
+        "param_count": param_count(params), "digest": digest, "stage1": stage1, "stage2": stage2, "stage3": stage3,
         "splits": {s: len(shop.split(s)) for s in ("train", "eval", "test")},
         "total_seconds": time.perf_counter() - t0, "folder_bytes": folder_bytes,
         "machine": f"{platform.machine()} x{os.cpu_count()} CPU, jax {jax.__version__}",
@@ -598,7 +636,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if not args.quick:
         write_readme(args.out, report)
-    print(json.dumps({k: report[k] for k in ("digest", "param_count", "folder_bytes", "total_seconds")}))
+    print(json.dumps(report))
     return report
 
 
