@@ -2,7 +2,7 @@
 
 Why: a policy forward on accelerators can outpace what one host's CPUs step (and the full 1.18 M-product
 catalog takes many GB of RAM per copy). ``RayEnvPool`` keeps sessions in Ray actors — each actor builds
-the shop once from a picklable :class:`~envs.webshop_bridge.shop.ShopSpec` and holds an
+the shop once from a picklable :class:`~envs.webshop_bridge.factory.ShopSpec` and holds an
 :class:`~envs.webshop_bridge.pool.InProcessEnvPool` — placed anywhere in a Ray cluster, while the trainer's rollout
 engine drives it through the batched API the in-process ``InProcessEnvPool`` and ``ProcessEnvPool`` share
 (``esjax.loop.protocols.EnvPool``: ``reset_rows``, ``step``, ``available_actions``, ``instructions``).
@@ -41,8 +41,8 @@ class _Sessions:
     """The actor body: one InProcessEnvPool of ``n`` sessions over the shop of ``spec`` (built once per actor)."""
 
     def __init__(self, spec: Any, n: int, env_kwargs: dict[str, Any]) -> None:
+        from envs.webshop_bridge.factory import get_shop
         from envs.webshop_bridge.pool import InProcessEnvPool
-        from envs.webshop_bridge.shop import get_shop
 
         self.pool = InProcessEnvPool(get_shop(spec), n, **env_kwargs)
 

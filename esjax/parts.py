@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 
 def shop_spec(config: Config):
-    """The environment's shop as a picklable recipe (:class:`~envs.webshop_bridge.shop.ShopSpec`): what env
+    """The environment's shop as a picklable recipe (:class:`~envs.webshop_bridge.factory.ShopSpec`): what env
     worker processes and Ray actors build their own copy from."""
     from envs.webshop_bridge import PACKAGED_DATA, ShopSpec
 

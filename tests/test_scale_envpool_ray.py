@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from envs.webshop_bridge.factory import ShopSpec, get_shop
 from envs.webshop_bridge.pool import InProcessEnvPool
-from envs.webshop_bridge.shop import ShopSpec, get_shop
 
 SPEC = ShopSpec(kind="synthetic", num_products=40, seed=0)
 
