@@ -230,7 +230,7 @@ def section_device(sizes: Sizes) -> dict[str, Any]:
     import jax
     import jaxlib
 
-    from esjax.machine import machine_info
+    from esjax.rundir.machine import machine_info
 
     devices = jax.devices()
     d = devices[0]
@@ -625,7 +625,7 @@ def _run_section(name: str, sizes: Sizes, timeout: float, tiny: bool, fail: str 
 
 
 def run(sizes: Sizes, sections: list[str], tiny: bool, fail: str | None = None) -> dict[str, Any]:
-    from esjax.machine import machine_info
+    from esjax.rundir.machine import machine_info
 
     start = time.perf_counter()
     record: dict[str, Any] = {"tiny": tiny, "sizes": dataclasses.asdict(sizes), "started": _now(),

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from envs.webshop_bridge.shop import PACKAGED_DATA
+from esjax.cli.run import build_parser as run_parser
 from esjax.config import load_config, read_yaml
 from esjax.plan import BUILTIN, plan_memory, resolve_model
 from esjax.plan.__main__ import build_parser as plan_parser
 from esjax.plan.__main__ import main as plan_main
 from esjax.plan.memory import GiB, parse_bytes
-from esjax.run import build_parser as run_parser
 
 REPO = Path(__file__).resolve().parents[1]
 NOT_YET = "not yet working: mesh.distributed is refused"
@@ -113,7 +113,7 @@ def _printed_plan(plan_argv: list[str]) -> dict:
 
 
 def _trainer_refuses_distributed() -> bool:
-    from esjax.trainer import Trainer
+    from esjax.train.session import Trainer
 
     source = inspect.getsource(Trainer.__init__)
     return re.search(r"if config\.mesh\.distributed:\s*\n\s*raise ConfigError", source) is not None

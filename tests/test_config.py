@@ -140,8 +140,8 @@ PARENT_BAD = "es: {population: 8, sigmaa: 0.1}\n"
 
 
 def _cli(argv, capsys):
-    from esjax.cli_util import run_cli
-    from esjax.run import main
+    from esjax.cli.common import run_cli
+    from esjax.cli.run import main
 
     with pytest.raises(SystemExit) as info:
         run_cli(main, argv)
@@ -485,7 +485,7 @@ def test_json_schema_shows_each_kinds_keys():
 def test_es_section_defaults_are_the_library_defaults():
     """One set of ES defaults: a config without an es section builds exactly ESConfig()'s update."""
     from esjax.es import ESConfig, NoiseSpec
-    from esjax.parts import build_es_config
+    from esjax.train.parts import build_es_config
 
     built, library = build_es_config(load_config(None)), ESConfig(noise=NoiseSpec(seed=0))
     assert float(built.sigma_at(0)) == pytest.approx(library.sigma, rel=1e-7)
@@ -500,7 +500,7 @@ def test_optimizer_settings_reach_the_update():
     import jax
     import optax
 
-    from esjax.parts import build_es_config
+    from esjax.train.parts import build_es_config
 
     assert build_es_config(load_config(None, ["es.optimizer=adam"])).optimizer == "adam"
     assert build_es_config(load_config(None, ["es.optimizer={kind: adam, eps: 1e-8}"])).optimizer == "adam"
@@ -525,7 +525,7 @@ def test_adam_settings_act_over_several_steps():
     import numpy as np
     import optax
 
-    from esjax.parts import build_es_config
+    from esjax.train.parts import build_es_config
 
     ours = build_es_config(load_config(None, ["es.optimizer={kind: adam, b1: 0.5, b2: 0.9, eps: 0.1}",
                                               "es.learning_rate=0.1"])).get_optimizer()
@@ -562,8 +562,8 @@ def test_main_job_resolves_to_its_published_es_values():
 def test_goal_set_is_templated_or_human_and_synthetic_still_loads_as_templated(tmp_path):
     """env.goals names WebShop's goal sets by what they are; 'synthetic' (its old value, which never meant the
     synthetic shop) loads as 'templated', so an old run directory's config.yaml still loads and resumes."""
+    from esjax.cli.eval import _settings_line
     from esjax.config import goal_set_label
-    from esjax.eval import _settings_line
 
     old = tmp_path / "config.yaml"
     old.write_text("env:\n  data: webshop_small\n  num_products: 500\n  goals: synthetic\n")
@@ -603,15 +603,15 @@ def test_every_user_facing_error_shares_one_base_and_prints_one_line(capsys):
     """Config, model folder, mesh, checkpoint, multi-process and missing-extra errors all derive from EsjaxError,
     and run_cli prints each as one ``error:`` line with exit code 2."""
     from envs.webshop_bridge.errors import DataError
-    from esjax.checkpoint import CheckpointError, StorageError
-    from esjax.cli_util import run_cli
-    from esjax.envpool_ray import RayUnavailable
+    from esjax.cli.common import run_cli
     from esjax.errors import EsjaxError, UserError
     from esjax.model.config import ModelConfigError
     from esjax.model.hf import ModelFileError
     from esjax.model.sharding import MeshError
+    from esjax.parallel.envpool_ray import RayUnavailable
     from esjax.parallel.multihost import DistributedError
-    from esjax.rundir import RunDirError
+    from esjax.rundir.checkpoint import CheckpointError, StorageError
+    from esjax.rundir.directory import RunDirError
 
     classes = [ConfigError, ModelConfigError, ModelFileError, MeshError, CheckpointError, StorageError,
                DistributedError, RayUnavailable, UserError, RunDirError]

@@ -39,8 +39,8 @@ def test_embedded_policy_is_a_small_hf_folder():
 def test_embedded_policy_loads_through_hf_path_and_beats_the_first_hit_rule_on_real_goals():
     from envs.webshop_bridge import FirstHitPolicy, RandomPolicy, evaluate, load_webshop
     from esjax.agent.webshop import WebShopAgent
-    from esjax.evaluate import evaluate_policy
     from esjax.model.params import param_count
+    from esjax.train.evaluate import evaluate_policy
 
     policy = load_policy("hf", str(EMBEDDED_POLICY_DIR))
     embedded = load_policy("embedded")

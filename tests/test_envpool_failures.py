@@ -111,7 +111,7 @@ def test_process_pool_replaces_a_worker_that_stops_answering():
 def test_ray_pool_replaces_a_dead_actor_and_fails_its_rows(monkeypatch):
     ray = _fake_ray()
     monkeypatch.setitem(sys.modules, "ray", ray)
-    from esjax.envpool_ray import RayEnvPool
+    from esjax.parallel.envpool_ray import RayEnvPool
 
     with RayEnvPool(SPEC, len(GOALS), workers=2) as pool:
         pool.reset(GOALS)
@@ -130,7 +130,7 @@ def test_ray_pool_replaces_a_dead_actor_and_fails_its_rows(monkeypatch):
 
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # ray.init starts its processes
 def test_real_ray_pool_replaces_an_actor_that_stops_answering():
-    from esjax.envpool_ray import RayEnvPool
+    from esjax.parallel.envpool_ray import RayEnvPool
 
     with real_ray():
         from ray import cloudpickle  # Ray's own copy pickles the actors' arguments

@@ -251,7 +251,7 @@ def test_configs_built_twice_are_equal_and_share_one_compiled_update():
     """ESConfig holds values (optimizer by name), so the config a resume builds again equals the first: one jit
     cache entry, no recompilation."""
     from esjax.config import load_config
-    from esjax.parts import build_es_config
+    from esjax.train.parts import build_es_config
 
     overrides = ["es.optimizer=adam", "es.weight_decay=0.01", "es.anchor_decay=0.1"]
     first, second = (build_es_config(load_config(None, overrides)) for _ in range(2))

@@ -197,7 +197,7 @@ def _engine(shop, policy, rows=4, sigma=0.0, spec=None, max_steps=3, temperature
     from envs.webshop_bridge import InProcessEnvPool
     from esjax.config import load_config
     from esjax.loop.generate import GenerateEngine
-    from esjax.parts import build_generate_agent
+    from esjax.train.parts import build_generate_agent
 
     agent = build_generate_agent(load_config(None, ["agent.mode=generate", "agent.max_prompt_tokens=256"]), policy)
     return GenerateEngine(InProcessEnvPool(shop, rows), agent, policy.config, spec or NoiseSpec(seed=0, rank=1),
@@ -277,8 +277,8 @@ def test_stale_members_generate_with_their_own_versions_parameters(tmp_path, mon
 
     from esjax.config import load_config
     from esjax.loop.generate import GenerateEngine
-    from esjax.parts import build_es_config
-    from esjax.trainer import train
+    from esjax.train.parts import build_es_config
+    from esjax.train.session import train
 
     history = record_theta_history(monkeypatch)
     reward_by_trace(monkeypatch, GenerateEngine)
@@ -312,10 +312,10 @@ def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch):
     from conftest import reward_by_trace, same_bits, theta_moved
     from test_trainer_resume import _records, _steps, _untimed, killed_after
 
-    from esjax.checkpoint import read_loop_state
     from esjax.config import load_config
     from esjax.loop.generate import GenerateEngine
-    from esjax.trainer import train
+    from esjax.rundir.checkpoint import read_loop_state
+    from esjax.train.session import train
 
     # the random model never buys: WebShop's reward would be 0 for every member and θ would never move, so
     # same_bits below would pass whatever θ a resume used; a reward drawn from the replies makes θ move
@@ -343,8 +343,8 @@ def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch):
 def test_cli_runs_generate_tiny_end_to_end(tmp_path, capsys):
     """``python -m esjax.run --config configs/generate-tiny.yaml``, in this process (the CLI as its own process:
     tests/test_config.py::test_cli_exits_with_one_line_and_no_traceback)."""
-    from esjax.cli_util import run_cli
-    from esjax.run import main
+    from esjax.cli.common import run_cli
+    from esjax.cli.run import main
 
     with pytest.raises(SystemExit) as info:
         run_cli(main, ["--config", str(REPO / "configs" / "generate-tiny.yaml"), "--set", "run.updates=2", "--set",

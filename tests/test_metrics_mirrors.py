@@ -8,7 +8,7 @@ import time
 import pytest
 
 from esjax.config import load_config
-from esjax.trainer import train
+from esjax.train.session import train
 
 pytest.importorskip("wandb", reason="the optional W&B extra (installed by the test extra)")
 

@@ -1,4 +1,4 @@
-"""metrics.jsonl against its written schema (esjax/metrics_schema.py) on a real run: every record valid, one
+"""metrics.jsonl against its written schema (esjax/rundir/metrics_schema.py) on a real run: every record valid, one
 type per field, and the accepted count the same in the last update record, the end record and summary.md."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import re
 import warnings
 
 from esjax.config import load_config
-from esjax.metrics_schema import SCHEMA_VERSION, cohort_lags, problems
-from esjax.plots import lag_counts
-from esjax.trainer import train
+from esjax.rundir.metrics_schema import SCHEMA_VERSION, cohort_lags, problems
+from esjax.rundir.plots import lag_counts
+from esjax.train.session import train
 
 # more slots than members: results of the next cohort arrive before the update (an open cohort at record time)
 TINY = ["run.updates=3", "run.eval_every=3", "run.checkpoint_every=3", "es.population=4", "schedule.slots=8",
@@ -56,7 +56,7 @@ def test_schema_flags_wrong_types_and_reads_schema_1_update_records():
 def test_readme_documents_every_field_of_the_schema():
     from pathlib import Path
 
-    from esjax.metrics_schema import COMMON, KINDS
+    from esjax.rundir.metrics_schema import COMMON, KINDS
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme[readme.index("### metrics.jsonl records"):readme.index("## Generate mode")]

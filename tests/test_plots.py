@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from esjax import plots
-from esjax.stats import eval_intervals
+from esjax.rundir import plots
+from esjax.rundir.stats import eval_intervals
 
 
 def _records(utilization=None, discarded=True, intervals=True):

@@ -17,7 +17,7 @@ from envs.webshop_bridge import InProcessEnvPool, ProcessEnvPool, ShopSpec, get_
 from envs.webshop_bridge.env import WebShopTextEnv
 from esjax.config import load_config
 from esjax.loop.rollout import RolloutEngine
-from esjax.trainer import train
+from esjax.train.session import train
 
 BASE = ["model.source=random", "run.updates=3", "run.eval_every=10", "run.checkpoint_every=10", "es.population=8",
         "schedule.slots=4", "env.eval_goals=2", "env.tasks_per_member=2", "env.num_products=100",

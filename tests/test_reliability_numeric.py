@@ -10,10 +10,10 @@ import pytest
 from conftest import reward_by_trace, same_bits, theta_moved
 from reliability import record
 
-from esjax.cli_util import run_cli
+from esjax.cli.common import run_cli
 from esjax.config import load_config
-from esjax.parts import load_run
-from esjax.trainer import RunAborted, train
+from esjax.train.parts import load_run
+from esjax.train.session import RunAborted, train
 
 # The trainer tests' TINY run, shortened: 3 updates, evaluations only at the start and the end.
 BASE = ["model.source=random", "run.updates=3", "run.eval_every=10", "run.checkpoint_every=1", "es.population=8",

@@ -19,11 +19,11 @@ import pytest
 from conftest import same_bits
 from reliability import record
 
-from esjax.checkpoint import Checkpointer, StorageError
 from esjax.config import load_config
-from esjax.metrics import read_metrics
-from esjax.parts import load_run
-from esjax.trainer import train
+from esjax.rundir.checkpoint import Checkpointer, StorageError
+from esjax.rundir.metrics import read_metrics
+from esjax.train.parts import load_run
+from esjax.train.session import train
 
 REPO = Path(__file__).resolve().parents[1]
 # The embedded policy on the packaged real WebShop data, stepping its norm scales as configs/default.yaml does:

@@ -103,7 +103,7 @@ def _reference(goals):
 
 def test_ray_pool_fan_out_matches_the_in_process_pool(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", _fake_ray())
-    from esjax.envpool_ray import RayEnvPool
+    from esjax.parallel.envpool_ray import RayEnvPool
 
     goals = [0, 5, 9, 11, 20]
     with RayEnvPool(SPEC, len(goals), workers=2) as pool:
@@ -115,7 +115,7 @@ def test_ray_pool_fan_out_matches_the_in_process_pool(monkeypatch):
 
 def test_missing_ray_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
-    from esjax.envpool_ray import RayEnvPool, RayUnavailable
+    from esjax.parallel.envpool_ray import RayEnvPool, RayUnavailable
 
     with pytest.raises(RayUnavailable, match=r"esjax\[ray\]"):
         RayEnvPool(SPEC, 2)
@@ -123,7 +123,7 @@ def test_missing_ray_is_a_clear_error(monkeypatch):
 
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # ray.init starts its processes
 def test_real_local_ray_cluster():
-    from esjax.envpool_ray import RayEnvPool
+    from esjax.parallel.envpool_ray import RayEnvPool
 
     goals = [1, 2, 3, 4]
     with real_ray(), RayEnvPool(SPEC, len(goals), workers=2) as pool:
@@ -140,7 +140,7 @@ def test_config_ray_address_reaches_ray_init(monkeypatch):
     ray.init = lambda **kwargs: calls.append(kwargs)
     monkeypatch.setitem(sys.modules, "ray", ray)
     from esjax.config import load_config
-    from esjax.parts import build_pool, build_shop
+    from esjax.train.parts import build_pool, build_shop
 
     config = load_config(None, ["env.data=synthetic", "env.num_products=40", "env.pool=ray", "env.workers=1",
                                 "env.ray_address=ray://head:10001"])

@@ -9,10 +9,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from esjax.inflight import Evaluation
-from esjax.plots import behaviour_lines
-from esjax.stats import Z975, eval_intervals, score_interval, t975, wilson_interval
-from esjax.traces import (
+from esjax.rundir.plots import behaviour_lines
+from esjax.rundir.stats import Z975, eval_intervals, score_interval, t975, wilson_interval
+from esjax.rundir.traces import (
     SNIPPET_CHARS,
     TraceRecorder,
     behaviour,
@@ -21,6 +20,7 @@ from esjax.traces import (
     snippet,
     write_traces,
 )
+from esjax.train.inflight import Evaluation
 
 INSTRUCTION = "i need a red wool scarf, and price lower than 30.00 dollars"
 

@@ -16,9 +16,9 @@ import pytest
 from conftest import reward_by_trace, same_bits, theta_moved, uneven_episodes
 
 from esjax.config import load_config
-from esjax.parts import load_run
-from esjax.rundir import resume_config
-from esjax.trainer import train
+from esjax.rundir.directory import resume_config
+from esjax.train.parts import load_run
+from esjax.train.session import train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,7 +95,7 @@ def test_stale_members_are_rolled_out_with_their_own_versions_parameters(tmp_pat
     sync ES and every comparison of two runs of the same code would still agree. Episodes end after uneven step
     counts (else a tiny random policy runs every episode to max_steps in lockstep and no row is ever stale)."""
     import esjax.loop.rollout as rollout
-    from esjax.parts import build_es_config
+    from esjax.train.parts import build_es_config
 
     history = record_theta_history(monkeypatch)
     reward_by_trace(monkeypatch, rollout.RolloutEngine)
@@ -137,8 +137,8 @@ def test_stale_members_are_rolled_out_with_their_own_versions_parameters(tmp_pat
 
 def test_evaluations_write_episode_traces(reference_run):
     """run.traces: eval (the default): traces/eval-v<version>.jsonl per evaluation, one line per goal."""
-    from esjax.parts import build_shop
-    from esjax.traces import SNIPPET_CHARS, read_traces
+    from esjax.rundir.traces import SNIPPET_CHARS, read_traces
+    from esjax.train.parts import build_shop
 
     run_dir = reference_run.run_dir
     shop = build_shop(load_config(run_dir / "config.yaml"))
@@ -224,9 +224,9 @@ def test_corrupt_latest_checkpoint_falls_back(reference_run, tmp_path):
 
 
 def test_eval_and_export_of_a_run(reference_run, tmp_path, capsys):
-    from esjax import eval as eval_cli
-    from esjax import export as export_cli
-    from esjax.traces import read_traces
+    from esjax.cli import eval as eval_cli
+    from esjax.cli import export as export_cli
+    from esjax.rundir.traces import read_traces
 
     # both entry points in this process (the run's programs are compiled already); each as its own process:
     # tests/test_config.py::test_cli_exits_with_one_line_and_no_traceback
@@ -281,9 +281,9 @@ def test_eval_and_export_of_a_run(reference_run, tmp_path, capsys):
 def test_export_settings_keep_the_embedded_policys_prompt_style(tmp_path):
     """The embedded policy has a chat template but is trained on the compact prompt: reloaded as an HF model,
     ``prompt_style: auto`` would pick chat. The export records the style the run used, and eval reads it."""
-    from esjax.eval import read_run_settings
-    from esjax.export import run_settings
-    from esjax.parts import build_policy, resolve_prompt_style
+    from esjax.cli.eval import read_run_settings
+    from esjax.cli.export import run_settings
+    from esjax.train.parts import build_policy, resolve_prompt_style
 
     config = load_config(None, ["model.source=embedded", "agent.prompt_style=auto", "env.max_steps=5"])
     policy = build_policy(config, None)

@@ -18,8 +18,8 @@ from conftest import same_bits, theta_moved
 from test_scale_envpool_ray import real_ray
 
 from esjax.config import ConfigError, load_config
-from esjax.parts import check_extras
-from esjax.trainer import train
+from esjax.train.parts import check_extras
+from esjax.train.session import train
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["run.updates=2", "env.eval_goals=16", "es.population=4", "schedule.slots=4", "env.tasks_per_member=2",

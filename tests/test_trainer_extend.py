@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-import esjax.driver
-from esjax.checkpoint import read_loop_state
-from esjax.run import main
+import esjax.train.trainer
+from esjax.cli.run import main
+from esjax.rundir.checkpoint import read_loop_state
 
 TINY = ["model.source=random", "run.updates=2", "run.eval_every=1", "run.checkpoint_every=1", "es.population=4",
         "schedule.slots=4", "env.eval_goals=4", "env.tasks_per_member=2", "env.num_products=100",
@@ -41,7 +41,7 @@ def finished(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("tiny") / "run"
     fast = types.SimpleNamespace(perf_counter=lambda: 1000 * time.perf_counter(), strftime=time.strftime)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(esjax.driver, "time", fast)  # the trainer's clock only (wall_time), nothing else
+        patch.setattr(esjax.train.trainer, "time", fast)  # the trainer's clock only (wall_time), nothing else
         assert main(["--run-dir", str(run_dir), *(x for item in TINY for x in ("--set", item))]) == 0
     assert _records(run_dir)[-1]["wall_time"] > 1000
     return run_dir

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from esjax import run as run_cli_module
-from esjax.cli_util import run_cli
+from esjax.cli import run as run_cli_module
+from esjax.cli.common import run_cli
 from esjax.config import load_config
-from esjax.trainer import Trainer, train
+from esjax.train.session import Trainer, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -111,7 +111,7 @@ def test_tensorboard_without_its_extra_is_one_line_at_start(tmp_path, capsys, mo
 
 def test_git_commit_is_unknown_outside_a_checkout(tmp_path, monkeypatch):
     import esjax
-    from esjax.rundir import git_commit
+    from esjax.rundir.directory import git_commit
 
     package = tmp_path / "site" / "esjax"
     package.mkdir(parents=True)
@@ -138,7 +138,7 @@ def test_human_goal_set_is_selectable_on_real_data(tmp_path):
     real products of the packaged set); synthetic data refuses it, naming the key."""
     from envs.webshop_bridge import load_webshop
     from esjax.config import ConfigError
-    from esjax.parts import build_shop
+    from esjax.train.parts import build_shop
 
     asins = [p.asin for p in load_webshop("webshop_small").catalog.products[:3]]
     human = {asin: [{"instruction": f"i need item number {i}.", "instruction_attributes": ["quality"],

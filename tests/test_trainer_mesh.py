@@ -18,7 +18,7 @@ MESHES = ((2, 4), (8, 1))
 SCRIPT = """
 import sys, jax, numpy as np
 from esjax.config import load_config
-from esjax.trainer import train
+from esjax.train.session import train
 assert len(jax.devices()) == 8
 out, base = sys.argv[1], sys.argv[2:]
 for data, model in MESHES:
@@ -39,7 +39,7 @@ def _leaves(path: Path) -> list[np.ndarray]:
 
 def test_mesh_runs_match_single_device(tmp_path, python_child):
     from esjax.config import load_config
-    from esjax.trainer import train
+    from esjax.train.session import train
 
     assert len(jax.devices()) == 1  # this process: the single-device run
     result = train(load_config(None, [*TINY, "mesh.data=1", "mesh.model=1"]), run_dir=tmp_path / "single")

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from conftest import REPO, free_port
 
-from esjax.parts import load_run
+from esjax.train.parts import load_run
 
 # The embedded policy on the packaged real WebShop data (a random model scores 0 everywhere and θ would not move).
 TINY = ["run.updates=3", "run.eval_every=3", "run.checkpoint_every=1", "es.population=8", "schedule.slots=4",

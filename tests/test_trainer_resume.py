@@ -34,10 +34,10 @@ import pytest
 from conftest import REPO, same_bits, theta_moved
 from reliability import record
 
-from esjax.checkpoint import read_loop_state
 from esjax.config import config_to_yaml, load_config
-from esjax.traces import read_traces
-from esjax.trainer import train
+from esjax.rundir.checkpoint import read_loop_state
+from esjax.rundir.traces import read_traces
+from esjax.train.session import train
 
 UPDATES = 5
 POPULATION = 4
@@ -150,7 +150,8 @@ def test_resume_from_every_checkpoint_is_bit_identical(reference, tmp_path):
     record(f"storage-resume-every-checkpoint-{kind}", area="storage",
            fault=f"run killed right after any one of its checkpoints ({kind} schedule: {schedule})",
            injection=f"a {UPDATES}-update run (N={POPULATION}, checkpoint every version) is copied once per "
-                     "checkpoint with the later checkpoints deleted, then resumed (esjax.trainer.train(resume=True))",
+                     "checkpoint with the later checkpoints deleted, then resumed "
+                     "(esjax.train.session.train(resume=True))",
            expected="final θ bit-identical and metrics.jsonl record for record equal (timing fields aside) to the "
                     "uninterrupted run; one record per (kind, version); wall_time non-decreasing",
            observed=f"all {len(steps)} resumes (from checkpoints {steps[0]}..{steps[-1]}) end at version "

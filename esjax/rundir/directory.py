@@ -17,9 +17,9 @@ import jax
 import optax
 
 import esjax
-from esjax.checkpoint import StorageError
 from esjax.config import Config, ConfigError, load_config
 from esjax.errors import UserError
+from esjax.rundir.checkpoint import StorageError
 
 CONFIG_FILE = "config.yaml"
 
@@ -59,7 +59,7 @@ def git_commit() -> dict[str, Any]:
 
 def session(overrides: list[str] | None) -> dict[str, Any]:
     """Who ran this start or resume: the esjax commit, the ``--set`` overrides, the machine and its devices."""
-    from esjax.machine import machine_info
+    from esjax.rundir.machine import machine_info
 
     source = git_commit()
     return {"git_commit": source["commit"], "git_dirty": source["dirty"], "overrides": list(overrides or []),

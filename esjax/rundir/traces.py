@@ -173,9 +173,9 @@ def first_and_last_traces(traces_dir: str | Path) -> dict[int, list[dict[str, An
 
 def paired_delta(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, float] | None:
     """Score change between two evaluations on the same goals, with its 95% t interval over the per-goal
-    differences (pairing by goal removes the goals' own spread): :func:`esjax.stats.score_interval` of the reward
+    differences (pairing by goal removes the goals' own spread): :func:`esjax.rundir.stats.score_interval` of the reward
     differences. None unless both cover the same goals."""
-    from esjax.stats import score_interval
+    from esjax.rundir.stats import score_interval
 
     a = {line["goal"]: line["reward"] for line in before}
     b = {line["goal"]: line["reward"] for line in after}

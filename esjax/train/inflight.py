@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from esjax.loop.types import Job
-from esjax.stats import eval_intervals
-from esjax.traces import TraceRecorder
+from esjax.rundir.stats import eval_intervals
+from esjax.rundir.traces import TraceRecorder
 
 
 @dataclasses.dataclass

@@ -27,8 +27,8 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator, PercentFormatter  # noqa: E402
 
-from esjax.metrics_schema import cohort_lags  # noqa: E402
-from esjax.stats import eval_intervals  # noqa: E402
+from esjax.rundir.metrics_schema import cohort_lags  # noqa: E402
+from esjax.rundir.stats import eval_intervals  # noqa: E402
 
 EVAL_COLOR, SUCCESS_COLOR, FITNESS_COLOR = "tab:blue", "tab:green", "tab:orange"
 
@@ -40,7 +40,7 @@ def _series(records: list[dict[str, Any]], kind: str, key: str, x: str = "versio
 
 def lag_counts(records: list[dict[str, Any]]) -> Counter:
     """Histogram of accepted lags over the whole run: the update records' cohort lags summed
-    (:func:`esjax.metrics_schema.cohort_lags`, which also reads schema-1 records)."""
+    (:func:`esjax.rundir.metrics_schema.cohort_lags`, which also reads schema-1 records)."""
     counts: Counter = Counter()
     for record in records:
         if record.get("kind") == "update":
@@ -338,7 +338,7 @@ def _interval(point: dict[str, Any], name: str, scale: float, unit: str) -> str:
     return f"[{scale * low:.1f}{unit}, {scale * high:.1f}{unit}]"
 
 
-#: Rows of summary.md's behaviour table: (key of :func:`esjax.traces.behaviour`, label, format).
+#: Rows of summary.md's behaviour table: (key of :func:`esjax.rundir.traces.behaviour`, label, format).
 BEHAVIOUR_ROWS = (("searches_per_episode", "searches per episode", "{:.2f}"),
                   ("item_pages_per_episode", "item pages opened per episode", "{:.2f}"),
                   ("option_clicks_per_item_page", "option clicks per item page", "{:.2f}"),
@@ -368,11 +368,11 @@ def write_summary(records: list[dict[str, Any]], out_path: str | Path, title: st
                   traces: dict[int, list[dict[str, Any]]] | None = None) -> str:
     """A short markdown summary: every evaluation (score, success rate, their 95% intervals where the record has
     them or its per-goal rewards), the score change with its interval (paired by goal when ``traces`` of the first
-    and last evaluation are given) and the agent's behaviour at both (:func:`esjax.traces.behaviour`), updates,
+    and last evaluation are given) and the agent's behaviour at both (:func:`esjax.rundir.traces.behaviour`), updates,
     acceptance, staleness, warnings, and (from ``run_info``, the run's run.json) the commit, overrides and
     machine."""
-    from esjax.traces import behaviour as behaviour_of
-    from esjax.traces import paired_delta
+    from esjax.rundir.traces import behaviour as behaviour_of
+    from esjax.rundir.traces import paired_delta
 
     traces = traces or {}
     evals = eval_points(records)

@@ -1,4 +1,4 @@
-"""No import cycles among the modules of esjax/ and envs/.
+"""The import structure of esjax/ and envs/: no cycles, and no import runs up the layers.
 
 Every ``import`` and ``from … import`` statement counts, wherever it stands: at the top, inside a function or
 under ``if TYPE_CHECKING:`` (a guarded import is still a dependency a reader has to follow). An edge goes to the
@@ -104,3 +104,38 @@ def test_no_import_cycles():
     graph = import_graph()
     assert "esjax.es.step" in graph and "envs.webshop_bridge.shop" in graph
     assert cycles(graph) == []
+
+
+#: esjax's layers, lowest first: a module may import its own layer and those below, never one above. envs/ (the
+#: environment) imports nothing from esjax; the command-line programs (ENTRY_POINTS) may import anything.
+LAYERS = [
+    ("esjax", "esjax.errors", "envs"),
+    ("esjax.es",),
+    ("esjax.model",),
+    ("esjax.agent",),
+    ("esjax.loop",),
+    ("esjax.parallel", "esjax.plan"),
+    ("esjax.config",),
+    ("esjax.rundir",),
+    ("esjax.train",),
+    ("esjax.cli",),
+]
+ENTRY_POINTS = {"esjax.run", "esjax.eval", "esjax.export", "esjax.plan.__main__", "esjax.parallel.smoke"}
+
+
+def layer_of(module: str) -> int:
+    if module in ENTRY_POINTS:
+        return len(LAYERS)
+    owner = max((p for layer in LAYERS for p in layer if module == p or module.startswith(p + ".")), key=len)
+    return next(i for i, layer in enumerate(LAYERS) if owner in layer)
+
+
+def test_no_import_runs_up_the_layers():
+    graph = import_graph()
+    upward = [f"{a} -> {b}" for a, targets in sorted(graph.items()) for b in sorted(targets)
+              if layer_of(b) > layer_of(a)]
+    assert upward == []
+    assert not [f"{a} -> {b}" for a, targets in graph.items() if a.startswith("envs.")
+                for b in targets if b.startswith("esjax")]
+    tops = {m.split(".")[1] for m in graph if m.startswith("esjax.") and m.count(".") == 1 and m not in ENTRY_POINTS}
+    assert tops <= {"errors", "es", "model", "agent", "loop", "parallel", "plan", "config", "rundir", "train", "cli"}

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from esjax.agent.policy import LoadedPolicy, load_policy
 from esjax.agent.react import GenerateAgent
 from esjax.agent.webshop import WebShopAgent
-from esjax.checkpoint import Checkpointer
 from esjax.config import Config, ConfigError, ESSection
 from esjax.es.noise import NoiseSpec, Scope
 from esjax.es.schedules import constant, cosine, linear
@@ -27,7 +26,8 @@ from esjax.loop.engine import ESUpdate
 from esjax.loop.protocols import EnvPool
 from esjax.loop.rollout import RolloutEngine
 from esjax.loop.schedules import make_schedule
-from esjax.rundir import resume_config
+from esjax.rundir.checkpoint import Checkpointer
+from esjax.rundir.directory import resume_config
 
 if TYPE_CHECKING:
     from esjax.loop.generate import GenerateEngine
@@ -82,7 +82,7 @@ def _local_pool(config: Config, shop, capacity: int) -> EnvPool:
         return InProcessEnvPool(shop, capacity)
     if env.pool == "process":
         return ProcessEnvPool(shop_spec(config), capacity, workers=env.workers)
-    from esjax.envpool_ray import RayEnvPool
+    from esjax.parallel.envpool_ray import RayEnvPool
 
     return RayEnvPool(shop_spec(config), capacity, workers=env.workers, address=env.ray_address)
 

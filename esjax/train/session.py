@@ -1,5 +1,5 @@
 """``train()``: one training job from a config to a finished run directory — create (or resume) the run
-directory, build the loop (:class:`esjax.driver.Trainer`), run it with metrics, checkpoints and live progress,
+directory, build the loop (:class:`esjax.train.trainer.Trainer`), run it with metrics, checkpoints and live progress,
 then write the plots and summary. Failures and Ctrl-C are reported in one line that says what is left on disk.
 """
 
@@ -17,15 +17,11 @@ from typing import Any
 
 import jax
 
-from esjax.checkpoint import Checkpointer, StorageError
 from esjax.config import Config, config_to_yaml
-from esjax.driver import RunAborted, Trainer
-from esjax.metrics import MetricsWriter, RecordCounter, read_metrics, truncate_after, truncate_records
 from esjax.parallel import multihost
 from esjax.parallel.multihost import ProcessInfo, allgather_objects, barrier
-from esjax.parts import check_extras
-from esjax.progress import Progress
-from esjax.rundir import (
+from esjax.rundir.checkpoint import Checkpointer, StorageError
+from esjax.rundir.directory import (
     CONFIG_FILE,
     RunInterrupted,
     default_run_dir,
@@ -38,6 +34,10 @@ from esjax.rundir import (
     run_metadata,
     storage_reason,
 )
+from esjax.rundir.metrics import MetricsWriter, RecordCounter, read_metrics, truncate_after, truncate_records
+from esjax.train.parts import check_extras
+from esjax.train.progress import Progress
+from esjax.train.trainer import RunAborted, Trainer
 
 __all__ = ["RunAborted", "RunInterrupted", "TrainResult", "Trainer", "train"]
 
@@ -186,8 +186,8 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
         records = read_metrics(run_dir / "metrics.jsonl")
         summary = None
         if primary:
-            from esjax.plots import write_plots, write_summary
-            from esjax.traces import first_and_last_traces
+            from esjax.rundir.plots import write_plots, write_summary
+            from esjax.rundir.traces import first_and_last_traces
 
             run_info = read_run_info(run_dir)
             if config.run.plots:

@@ -15,8 +15,8 @@ from esjax.agent.webshop import WebShopAgent
 from esjax.es.noise import NoiseSpec
 from esjax.loop.rollout import RolloutEngine
 from esjax.model.config import ModelConfig
-from esjax.stats import eval_intervals
-from esjax.traces import TraceRecorder
+from esjax.rundir.stats import eval_intervals
+from esjax.rundir.traces import TraceRecorder
 
 
 def evaluate_policy(model_config: ModelConfig, params: Any, agent: WebShopAgent | GenerateAgent, shop: Any,
@@ -24,7 +24,7 @@ def evaluate_policy(model_config: ModelConfig, params: Any, agent: WebShopAgent 
                     max_new_tokens: int = 32, engine_cls: type[RolloutEngine] = RolloutEngine) -> dict[str, Any]:
     """Score (100 × mean reward), success rate (share of reward 1.0), their 95% intervals over goals, and per
     goal: the goal index, reward and success flag. ``traces``: also each episode's trace line
-    (:mod:`esjax.traces`) under ``"traces"``, in goal order. A :class:`GenerateAgent` writes its actions
+    (:mod:`esjax.rundir.traces`) under ``"traces"``, in goal order. A :class:`GenerateAgent` writes its actions
     (generate mode, greedy, replies of up to ``max_new_tokens`` tokens). ``engine_cls``: the scoring agent's
     engine, a :class:`RolloutEngine` subclass to change how actions are picked (experiments/headroom.py)."""
     from envs.webshop_bridge import InProcessEnvPool

@@ -23,8 +23,8 @@ finished run changes nothing.
 
 This module (~530 lines) is the loop and the bookkeeping of its episodes (retries of failed ones, evaluation
 rows and their traces), which read and write the same loop state; what does not — building the parts, the run
-directory, the in-flight records and their serialisation — lives in :mod:`esjax.parts`, :mod:`esjax.rundir` and
-:mod:`esjax.inflight`.
+directory, the in-flight records and their serialisation — lives in :mod:`esjax.train.parts`,
+:mod:`esjax.rundir.directory` and :mod:`esjax.train.inflight`.
 """
 
 from __future__ import annotations
@@ -38,20 +38,21 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from esjax.checkpoint import Checkpointer
 from esjax.config import Config, ConfigError
 from esjax.errors import UserError
 from esjax.es.step import ESState
-from esjax.inflight import Evaluation, JobProgress, LoopCounters, SinceUpdate
 from esjax.loop.coordinator import Coordinator, RejectedUpdate
 from esjax.loop.engine import ESUpdate
 from esjax.loop.rollout import Episode, RolloutEngine
 from esjax.loop.tasks import hash_ints
 from esjax.loop.types import Result, UpdateRecord
-from esjax.metrics import MetricsWriter, RecordCounter
-from esjax.metrics_schema import SCHEMA_VERSION
 from esjax.model.sharding import put_global
-from esjax.parts import (
+from esjax.rundir.checkpoint import Checkpointer
+from esjax.rundir.metrics import MetricsWriter, RecordCounter
+from esjax.rundir.metrics_schema import SCHEMA_VERSION
+from esjax.rundir.traces import write_traces
+from esjax.train.inflight import Evaluation, JobProgress, LoopCounters, SinceUpdate
+from esjax.train.parts import (
     build_agent,
     build_coordinator,
     build_engine,
@@ -61,8 +62,7 @@ from esjax.parts import (
     build_shop,
     held_out_goals,
 )
-from esjax.progress import Progress
-from esjax.traces import write_traces
+from esjax.train.progress import Progress
 
 if TYPE_CHECKING:
     from esjax.loop.generate import GenerateEngine
@@ -118,7 +118,7 @@ class Trainer:
         self.writer: MetricsWriter | RecordCounter | None = None
         self.checkpointer: Checkpointer | None = None
         self._progress: Progress | None = None
-        # Set by a signal (Ctrl-C / SIGTERM, see esjax.trainer): checkpoint at the end of this tick, then stop.
+        # Set by a signal (Ctrl-C / SIGTERM, see esjax.train.session): checkpoint at the end of this tick, then stop.
         self.stop_requested = False
         self._saved_at = 0.0  # wall time of the last checkpoint (run.checkpoint_minutes)
         # run.checkpoint_minutes: single-process runs only (the processes of a job would not agree on the tick)
@@ -294,7 +294,7 @@ class Trainer:
         ticks = max(since.ticks, 1)
         seconds = max(now - self.last_update_wall, 1e-9)
         # running totals of the applied updates (the open cohort left out), as the end record counts them;
-        # the cohort's own lags are cohort_lag_hist (see esjax/metrics_schema.py)
+        # the cohort's own lags are cohort_lag_hist (see esjax/rundir/metrics_schema.py)
         return {"kind": "update", **record.summary(), **self.coord.applied_totals(), "version": version,
                 "wall_time": now, "tick": self.counters.tick,
                 "slot_utilization": since.busy_ticks / ticks, "rows_per_tick": since.rows / ticks,
