@@ -7,25 +7,35 @@ cannot be built, so a bad config fails before the loop starts.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from esjax.agent.policy import LoadedPolicy, load_policy
 from esjax.agent.react import GenerateAgent
 from esjax.agent.webshop import WebShopAgent
-from esjax.config import Config, ConfigError, ESSection
+from esjax.config import (
+    AllStaleSchedule,
+    Config,
+    ConfigError,
+    ControlledSchedule,
+    ESSection,
+    ExtremeLagSchedule,
+    ScheduleSection,
+)
 from esjax.es.noise import NoiseSpec, Scope
 from esjax.es.schedules import constant, cosine, linear
-from esjax.es.step import ESConfig
+from esjax.es.step import ESConfig, ESState
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig
 from esjax.loop.engine import ESUpdate
 from esjax.loop.protocols import EnvPool
 from esjax.loop.rollout import RolloutEngine
-from esjax.loop.schedules import make_schedule
+from esjax.loop.schedules import Schedule, make_schedule
 from esjax.rundir.checkpoint import Checkpointer
 from esjax.rundir.directory import resume_config
 
@@ -208,16 +218,95 @@ def _adam(learning_rate: float, b1: float, b2: float, eps: float):
     return optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
 
 
-def build_coordinator(config: Config, train_size: int, state: dict[str, Any] | None = None) -> Coordinator:
-    s = config.schedule
-    coord_config = CoordinatorConfig(population=config.es.population, max_lag=s.max_lag, seed=config.run.seed,
-                                     train_size=train_size, tasks_per_member=config.env.tasks_per_member)
-    # lag k and fraction p are keys of the kinds that use them (controlled, all_stale / controlled, extreme_lag)
-    schedule = make_schedule(s.kind, lag=getattr(s, "lag", 0), fraction=getattr(s, "stale_fraction", 0.0),
-                             max_lag=s.max_lag)
+def build_schedule(section: ScheduleSection) -> Schedule:
+    """The staleness schedule of the config's ``schedule`` section (each kind with only its own keys)."""
+    if isinstance(section, ControlledSchedule):
+        return make_schedule(section.kind, lag=section.lag, fraction=section.stale_fraction)
+    if isinstance(section, AllStaleSchedule):
+        return make_schedule(section.kind, lag=section.lag)
+    if isinstance(section, ExtremeLagSchedule):
+        return make_schedule(section.kind, fraction=section.stale_fraction, max_lag=section.max_lag)
+    return make_schedule(section.kind)
+
+
+def build_coordinator(schedule: ScheduleSection, population: int, seed: int, tasks_per_member: int,
+                      train_size: int, state: dict[str, Any] | None = None) -> Coordinator:
+    """A coordinator for ``schedule`` (N = ``population``; task batches of ``tasks_per_member`` goals drawn from
+    ``train_size`` with ``seed``), fresh or from a checkpoint's ``state``."""
+    coord_config = CoordinatorConfig(population=population, max_lag=schedule.max_lag, seed=seed,
+                                     train_size=train_size, tasks_per_member=tasks_per_member)
     if state is None:
-        return Coordinator(coord_config, schedule)
-    return Coordinator.from_state_dict(coord_config, schedule, state)
+        return Coordinator(coord_config, build_schedule(schedule))
+    return Coordinator.from_state_dict(coord_config, build_schedule(schedule), state)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunParts:
+    """Everything a training run is built from, built once from the config (:func:`build_run_parts`)."""
+
+    shop: Any
+    train_goals: list[int]
+    eval_goals: list[int]
+    policy: LoadedPolicy
+    agent: WebShopAgent | GenerateAgent
+    es_config: ESConfig
+    pool: EnvPool
+    engine: RolloutEngine | GenerateEngine
+    new_coordinator: Callable[..., Coordinator]  # (state=None): a fresh coordinator or one from a checkpoint
+    mesh: Any = None  # the device mesh θ is sharded over (None on one device)
+    sharded: Any = None  # the sharded ES program on that mesh
+
+    def initial_state(self) -> ESState:
+        """θ_0 (the policy's parameters, placed on the mesh) and the optimizer's initial state."""
+        from esjax.es.step import init
+        from esjax.model.sharding import put_global
+
+        params = self.policy.params
+        if self.sharded is not None:
+            params = put_global(params, self.sharded.shardings.params)
+        return init(self.es_config, params)
+
+    def es_update(self, state: ESState, keep: int) -> ESUpdate:
+        """The ES update applied to each complete cohort, keeping θ of the last ``keep`` versions: on a
+        multi-device mesh, the sharded program (θ stays sharded)."""
+        if self.sharded is None:
+            return ESUpdate(self.es_config, state=state, keep=keep, update_fn=None)
+        return ESUpdate(self.es_config, state=self.sharded.place(state), keep=keep, update_fn=self.sharded.update_fn)
+
+    def close(self) -> None:
+        """Release the env pool's workers (processes or Ray actors)."""
+        self.pool.close()
+
+
+def build_run_parts(config: Config) -> RunParts:
+    """The shop and its train / held-out goals, the policy, the agent, the ES config, the env pool (sized for
+    every member job and evaluation row), the rollout engine and, on several devices, the mesh."""
+    import jax
+
+    shop = build_shop(config)
+    train_goals = list(shop.split("train"))
+    eval_goals = held_out_goals(config, shop, quiet=jax.process_index() != 0)
+    if not train_goals:
+        raise ConfigError("env: the shop has no train goals")
+    if not eval_goals:
+        raise ConfigError(f"env.eval_split: the shop has no {config.env.eval_split!r} goals")
+    policy = build_policy(config, shop)
+    agent = build_agent(config, policy)
+    es_config = build_es_config(config)
+    capacity = config.schedule.slots * config.env.tasks_per_member + len(eval_goals)
+    pool = build_pool(config, shop, capacity)  # env.pool: in this process, worker processes or Ray
+    engine = build_engine(config, pool, agent, policy, es_config)
+    mesh = sharded = None
+    if len(jax.devices()) > 1:  # shard θ and its update over ('data', 'model'), all processes' devices
+        from esjax.model.sharding import mesh_from_config
+        from esjax.parallel.sharded import ShardedES
+
+        mesh = mesh_from_config(config.mesh)
+        sharded = ShardedES(es_config, policy.config, mesh)
+    new_coordinator = functools.partial(build_coordinator, config.schedule, config.es.population, config.run.seed,
+                                        config.env.tasks_per_member, len(train_goals))
+    return RunParts(shop, train_goals, eval_goals, policy, agent, es_config, pool, engine, new_coordinator, mesh,
+                    sharded)
 
 
 def check_extras(config: Config) -> None:

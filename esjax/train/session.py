@@ -90,9 +90,8 @@ def stop_gracefully(trainer: Trainer):
     previous = {sig: signal.getsignal(sig) for sig in signals}
 
     def handler(signum, frame):
-        if trainer.stop_requested:
+        if not trainer.request_stop():  # the second one
             raise KeyboardInterrupt
-        trainer.stop_requested = True
         print(f"\n{signal.Signals(signum).name}: writing a checkpoint at the end of this tick, then stopping "
               "(again to stop at once)", file=sys.stderr, flush=True)
 
@@ -138,11 +137,9 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
         metrics_path = run_dir / "metrics.jsonl"
         kept = 0  # metrics records that stay in the file
         if resume and checkpointer.steps():
-            step = trainer.restore(checkpointer)
-            if trainer.restored_records is not None:  # drop what was written after the checkpoint
-                kept = trainer.restored_records
-                if trainer.counters.finished and trainer.version < config.run.updates:
-                    kept -= 1  # a finished run extended: its end record (the last before that save) is redone
+            step, records = trainer.restore(checkpointer)
+            if records is not None:  # drop what was written after the checkpoint
+                kept = records
                 if primary:
                     truncate_records(metrics_path, kept)
             elif primary:  # a checkpoint from before record counting
@@ -219,4 +216,4 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
     if config.run.progress and primary:
         plots = " plots/," if config.run.plots else ""
         print(f"run directory: {run_dir} (summary.md,{plots} metrics.jsonl, checkpoints/)", flush=True)
-    return TrainResult(run_dir, trainer.version, trainer.es_update.state.params, records, trainer.coord.totals())
+    return TrainResult(run_dir, trainer.version, trainer.params, records, trainer.totals())
