@@ -88,7 +88,7 @@ def grouped_step(tx: optax.GradientTransformation, noise: NoiseSpec, groups: lis
     ``after``: a data dependency, which XLA keeps; an ``optimization_barrier`` did not order them on CPU), so at
     most one group's float32 gradient is alive. Every leaf sums the same draws in the same order and the
     optimizer is per-leaf, so the result equals one group of every leaf (bit for bit for SGD, momentum and the
-    decays; see ``tests/test_es_update.py`` for Adam). Returns ``(params, opt_state, |g|², |update|²)``.
+    decays; see ``tests/es/test_es_update.py`` for Adam). Returns ``(params, opt_state, |g|², |update|²)``.
     """
     leaves, in_scope, treedef = scoped_leaves(noise, params)
     state_keys, state_leaves, state_treedef = _keyed(opt_state)

@@ -6,15 +6,14 @@ from __future__ import annotations
 import time
 
 import pytest
+from run_settings import SMALL_RANDOM
 
 from esjax.config import load_config
 from esjax.train.session import train
 
 pytest.importorskip("wandb", reason="the optional W&B extra (installed by the test extra)")
 
-SMALL = ["model.source=random", "env.num_products=30", "es.population=4", "schedule.slots=4",
-         "env.tasks_per_member=1", "env.eval_goals=2", "env.max_steps=2", "run.progress=false", "run.plots=false",
-         "run.wandb=true", "run.wandb_project=esjax-tests", "run.eval_every=1"]
+SMALL = [*SMALL_RANDOM, "env.max_steps=2", "run.wandb=true", "run.wandb_project=esjax-tests", "run.eval_every=1"]
 
 
 def _logged(run_dir, expected: tuple[bytes, ...] = (), timeout: float = 60.0) -> bytes:

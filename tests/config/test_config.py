@@ -13,7 +13,7 @@ import yaml
 
 from esjax.config import ConfigError, config_from_dict, config_to_yaml, load_config, parse_override
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_and_round_trip(tmp_path):

@@ -183,7 +183,7 @@ def test_init_reports_the_scope_and_warns_when_the_default_scope_freezes_vectors
 
 
 def _readme_library_blocks() -> list[str]:
-    section = (Path(__file__).resolve().parents[1] / "README.md").read_text().split("## Using esjax as a library", 1)[1]
+    section = (Path(__file__).resolve().parents[2] / "README.md").read_text().split("## Using esjax as a library", 1)[1]
     section = section.split("\n## ", 1)[0]
     return [block.split("```", 1)[0] for block in section.split("```python\n")[1:]]
 

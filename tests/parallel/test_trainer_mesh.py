@@ -7,11 +7,9 @@ from pathlib import Path
 import jax
 import numpy as np
 from conftest import theta_moved
+from run_settings import tiny_random
 
-TINY = ["model.source=random", "run.updates=3", "run.eval_every=3", "run.checkpoint_every=3", "es.population=8",
-        "schedule.slots=4", "env.eval_goals=4", "env.tasks_per_member=2", "env.num_products=100",
-        "env.max_steps=5", "run.progress=false", "run.plots=false", "es.sigma=0.05", "es.learning_rate=0.05",
-        "es.scale=nes"]  # the es section's default scale before it became the library's (llm)
+TINY = tiny_random(updates=3, eval_every=3, checkpoint_every=3, population=8, eval_goals=4, max_steps=5)
 MESHES = ((2, 4), (8, 1))
 
 # Both meshes in one child process of 8 simulated devices (one interpreter, shop and policy for both runs).

@@ -9,22 +9,21 @@ The config is ``configs/default.yaml`` (embedded policy, packaged real WebShop d
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 from conftest import same_bits, theta_moved
+from run_settings import read_records, untimed
 from test_scale_envpool_ray import real_ray
 
 from esjax.config import ConfigError, load_config
 from esjax.train.parts import check_extras
 from esjax.train.session import train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMALL = ["run.updates=2", "env.eval_goals=16", "es.population=4", "schedule.slots=4", "env.tasks_per_member=2",
          "run.progress=false", "run.plots=false", "run.checkpoint_every=1", "run.keep_checkpoints=10"]
-TIMING = {"wall_time", "seconds", "episodes_per_s", "tokens_per_s", "eval_seconds", "update_seconds"}
 
 
 def _config(pool: str):
@@ -32,8 +31,7 @@ def _config(pool: str):
 
 
 def _records(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in lines if line.strip()]
+    return untimed(read_records(run_dir))
 
 
 def _traces(run_dir: Path) -> dict[str, bytes]:

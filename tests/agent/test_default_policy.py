@@ -11,7 +11,7 @@ import pytest
 
 from esjax.agent.policy import EMBEDDED_POLICY_DIR, load_policy
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pretrain_module():

@@ -17,7 +17,7 @@ from esjax.model.sharding import MeshError, mesh_shape, pad_rows_to, parse_mesh
 from esjax.parallel import multihost
 from esjax.parallel.multihost import DistributedConfig, DistributedError, decode_results, encode_results
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _results() -> list[Result]:

@@ -4,7 +4,6 @@ resuming both from the run directory finishes with the same θ as the uninterrup
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 from conftest import REPO, free_port
+from run_settings import read_records, untimed
 
 from esjax.train.parts import load_run
 
@@ -21,7 +21,6 @@ from esjax.train.parts import load_run
 TINY = ["run.updates=3", "run.eval_every=3", "run.checkpoint_every=1", "es.population=8", "schedule.slots=4",
         "env.eval_goals=4", "env.tasks_per_member=2", "env.max_steps=5", "run.progress=false", "run.plots=false",
         "mesh.data=8", "mesh.model=1"]
-TIMING = {"wall_time", "seconds", "episodes_per_s", "tokens_per_s", "eval_seconds", "update_seconds"}
 
 
 def _settings(*items: str) -> list[str]:
@@ -55,8 +54,7 @@ def _final(run_dir: Path) -> tuple[int, list[np.ndarray]]:
 
 
 def _records(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in lines if line.strip()]
+    return untimed(read_records(run_dir))
 
 
 def _same(a: list[np.ndarray], b: list[np.ndarray]) -> None:

@@ -12,6 +12,7 @@ import time
 import pytest
 from conftest import same_bits, theta_moved
 from reliability import record
+from run_settings import TIMING, tiny_random
 
 from envs.webshop_bridge import InProcessEnvPool, ProcessEnvPool, ShopSpec, get_shop
 from envs.webshop_bridge.env import WebShopTextEnv
@@ -19,12 +20,9 @@ from esjax.config import load_config
 from esjax.loop.rollout import RolloutEngine
 from esjax.train.session import train
 
-BASE = ["model.source=random", "run.updates=3", "run.eval_every=10", "run.checkpoint_every=10", "es.population=8",
-        "schedule.slots=4", "env.eval_goals=2", "env.tasks_per_member=2", "env.num_products=100",
-        "env.max_steps=6", "run.progress=false", "run.plots=false", "es.sigma=0.05", "es.learning_rate=0.05",
-        "es.scale=nes"]  # the es section's default scale before it became the library's (llm)
+BASE = tiny_random(updates=3, eval_every=10, checkpoint_every=10, population=8, eval_goals=2, max_steps=6)
 N = 8
-TIMES = {"wall_time", "seconds", "episodes_per_s", "tokens_per_s", "eval_seconds", "update_seconds", "tick"}
+TIMES = TIMING | {"tick"}
 
 
 def _history(records):
@@ -101,7 +99,7 @@ def test_transient_env_errors_and_hangs_are_retried(reference, monkeypatch, tmp_
            observed=f"{len(events)} `env_fault` retry events (3 error, 1 timeout); run reached version "
                     f"{result.version}; accepted history and final θ bit-identical to the fault-free run",
            accepted_lost="no: per-update cohorts and fitness identical to the fault-free run",
-           test="tests/test_reliability_env.py::test_transient_env_errors_and_hangs_are_retried")
+           test="tests/train/test_reliability_env.py::test_transient_env_errors_and_hangs_are_retried")
 
 
 def test_persistently_failing_member_is_dropped_and_counted(monkeypatch, tmp_path):
@@ -132,7 +130,7 @@ def test_persistently_failing_member_is_dropped_and_counted(monkeypatch, tmp_pat
                     f"{result.version} with complete cohorts of {N}",
            accepted_lost=f"no: accepted = {after['accepted']} = {result.version} × {N}; only the failing member "
                          "is discarded (`abandoned`)",
-           test="tests/test_reliability_env.py::test_persistently_failing_member_is_dropped_and_counted")
+           test="tests/train/test_reliability_env.py::test_persistently_failing_member_is_dropped_and_counted")
 
 
 def _script(shop, goal: int) -> list[str]:
@@ -172,4 +170,4 @@ def test_killed_process_pool_worker_is_replaced_and_replayed():
            observed=f"{restarts} replacements; every observation, reward and done flag equal to an in-process "
                     "EnvPool given the same actions",
            accepted_lost="no: no session lost its state",
-           test="tests/test_reliability_env.py::test_killed_process_pool_worker_is_replaced_and_replayed")
+           test="tests/train/test_reliability_env.py::test_killed_process_pool_worker_is_replaced_and_replayed")

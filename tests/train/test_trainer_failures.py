@@ -10,18 +10,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_settings import SMALL_RANDOM
 
 from esjax.cli import run as run_cli_module
 from esjax.cli.common import run_cli
 from esjax.config import load_config
 from esjax.train.session import Trainer, train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # A tiny random policy on a 30-product synthetic shop; with one step per episode nothing can be bought, so
 # every member scores 0 and every cohort has equal fitness.
-SMALL = ["model.source=random", "env.num_products=30", "es.population=4", "schedule.slots=4",
-         "env.tasks_per_member=1", "env.eval_goals=2", "run.progress=false", "run.plots=false"]
+SMALL = SMALL_RANDOM
 
 
 def _cli(argv: list[str]) -> int:

@@ -19,7 +19,7 @@ from webshop_fixtures import small_dir
 from envs.webshop_bridge import DataError, WebShopTextEnv, load_webshop, synthetic_shop
 from esjax.config import Config, ConfigError, config_from_dict, load_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FAST = settings(deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.function_scoped_fixture])
@@ -102,8 +102,8 @@ def test_random_actions_on_every_page_type_are_noops_or_valid(shop):
            expected="never raises; never ends the episode (only Buy Now does); invalid actions are no-ops",
            observed=f"{stats['actions']} actions, 0 exceptions, no live episode ended (the done page stays done); "
                     "every page type got actions",
-           accepted_lost="n/a", test="tests/test_reliability_fuzz.py::test_random_actions_on_every_page_type_are_"
-                                     "noops_or_valid")
+           accepted_lost="n/a", test="tests/config/test_reliability_fuzz.py::"
+                                     "test_random_actions_on_every_page_type_are_noops_or_valid")
 
 
 # ------------------------------------------------------------------------------------------------ configs
@@ -183,8 +183,8 @@ def test_config_mutations_give_config_or_one_line_error():
            expected="a valid Config or a one-line ConfigError naming the source; nothing else",
            observed="every mutation gave a Config or a one-line ConfigError (both seen), every override likewise; "
                     "0 other exceptions",
-           accepted_lost="n/a", test="tests/test_reliability_fuzz.py::test_config_mutations_give_config_or_one_line_"
-                                     "error")
+           accepted_lost="n/a", test="tests/config/test_reliability_fuzz.py::"
+                                     "test_config_mutations_give_config_or_one_line_error")
 
 
 # ------------------------------------------------------------------------------------------------ model folders
@@ -272,7 +272,7 @@ def test_corrupt_model_folders_give_one_line_errors_naming_the_file(model_dir, t
            observed="every corrupted folder gave a one-line CheckpointError naming the corrupted file, or loaded "
                     "when the damage left a valid file; 0 other exceptions",
            accepted_lost="n/a",
-           test="tests/test_reliability_fuzz.py::test_corrupt_model_folders_give_one_line_errors_naming_the_file")
+           test="tests/config/test_reliability_fuzz.py::test_corrupt_model_folders_give_one_line_errors_naming_the_file")
 
 
 # ------------------------------------------------------------------------------------------------ data files
@@ -336,4 +336,4 @@ def test_corrupt_data_files_give_data_errors_naming_file_and_field(tmp_path):
            observed="every corrupted copy gave a one-line DataError naming the file (and the field, where one "
                     "was at fault), or loaded when only an optional field was hit; 0 other exceptions",
            accepted_lost="n/a",
-           test="tests/test_reliability_fuzz.py::test_corrupt_data_files_give_data_errors_naming_file_and_field")
+           test="tests/config/test_reliability_fuzz.py::test_corrupt_data_files_give_data_errors_naming_file_and_field")

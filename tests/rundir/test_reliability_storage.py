@@ -4,7 +4,6 @@ last complete checkpoint intact."""
 
 from __future__ import annotations
 
-import json
 import resource
 import shutil
 import signal
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 from conftest import same_bits
 from reliability import record
+from run_settings import embedded, read_records, untimed
 
 from esjax.config import load_config
 from esjax.rundir.checkpoint import Checkpointer, StorageError
@@ -25,16 +25,11 @@ from esjax.rundir.metrics import read_metrics
 from esjax.train.parts import load_run
 from esjax.train.session import train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # The embedded policy on the packaged real WebShop data, stepping its norm scales as configs/default.yaml does:
 # members' fitness differs, so θ moves at every update and "θ bit-identical after the fault" compares something
 # (a random model's θ never moves).
-BASE = ["model.source=embedded", "run.updates=3", "run.eval_every=10", "run.checkpoint_every=1", "es.population=4",
-        "es.rank=2", "es.sigma=0.2", "es.learning_rate=0.25", "es.scale=nes", "es.scope=all",
-        "es.include=['norm/scale$']",
-        "schedule.slots=4", "env.eval_goals=2", "env.tasks_per_member=2", "env.data=webshop_small", "env.max_steps=10",
-        "agent.prompt_style=compact", "agent.temperature=0.5", "run.progress=false", "run.plots=false"]
-TIMING = {"wall_time", "seconds", "episodes_per_s", "tokens_per_s", "eval_seconds", "update_seconds"}
+BASE = embedded()
 
 
 def _cli_args(run_dir: Path) -> list[str]:
@@ -48,14 +43,6 @@ def _history(records, upto=None):
     keys = ("version", "lag_hist", "fitness_mean", "fitness_max", "fitness_std", "accepted")
     return [{k: r[k] for k in keys} for r in records
             if r["kind"] == "update" and (upto is None or r["version"] <= upto)]
-
-
-def _records(run_dir: Path):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def _untimed(records):
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
 
 
 @pytest.fixture(scope="module")
@@ -92,12 +79,12 @@ def test_sigkill_inside_checkpoint_save_keeps_the_previous_one(reference, tmp_pa
     _, _, params, version = load_run(run_dir)
     assert version == 1
     # Everything accepted up to the surviving checkpoint is there, and the run resumes to the same end.
-    assert _history(_records(run_dir), upto=1) == _history(reference.records, upto=1)
+    assert _history(read_records(run_dir), upto=1) == _history(reference.records, upto=1)
     resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
     assert not same_bits(reference.params, _params_at(reference, 1, tmp_path))  # θ moved: the comparison counts
     assert resumed.version == 3 and same_bits(resumed.params, reference.params)
     assert _history(resumed.records) == _history(reference.records)
-    assert _untimed(_records(run_dir)) == _untimed(reference.records)  # record for record, nothing twice
+    assert untimed(read_records(run_dir)) == untimed(reference.records)  # record for record, nothing twice
     record("storage-sigkill-in-save", area="storage", fault="trainer SIGKILLed inside Checkpointer.save of step 2",
            injection="tests/reliability_hooks.py stalls orbax's JSON item write of step 2 (inside its temporary "
                      "folder); the test SIGKILLs the trainer there",
@@ -107,7 +94,7 @@ def test_sigkill_inside_checkpoint_save_keeps_the_previous_one(reference, tmp_pa
                     f"version {resumed.version} with θ bit-identical and metrics.jsonl record for record equal "
                     "(timing aside) to the reference run",
            accepted_lost="no: history up to version 1 kept, versions 2-3 recomputed identically",
-           test="tests/test_reliability_storage.py::test_sigkill_inside_checkpoint_save_keeps_the_previous_one")
+           test="tests/rundir/test_reliability_storage.py::test_sigkill_inside_checkpoint_save_keeps_the_previous_one")
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None or shutil.which("nsenter") is None,
@@ -143,7 +130,7 @@ def test_read_only_run_directory_stops_with_one_line(tmp_path):
     _, _, params, version = load_run(run_dir)
     assert version >= 1 and all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
     saved = version
-    records = _records(run_dir)
+    records = read_records(run_dir)
     assert [r["version"] for r in records if r["kind"] == "update"][:saved] == list(range(1, saved + 1))
     record("storage-read-only", area="storage", fault="run directory becomes read-only mid-run",
            injection="trainer started in a private mount namespace; after checkpoint 1 the test mounts a "
@@ -152,7 +139,7 @@ def test_read_only_run_directory_stops_with_one_line(tmp_path):
            observed=f"exit code {proc.returncode}; stderr ends with one line mentioning 'Read-only file system'; "
                     f"latest checkpoint loads at version {saved}",
            accepted_lost=f"no: metrics and checkpoint hold every update up to version {saved}",
-           test="tests/test_reliability_storage.py::test_read_only_run_directory_stops_with_one_line")
+           test="tests/rundir/test_reliability_storage.py::test_read_only_run_directory_stops_with_one_line")
 
 
 def test_full_disk_stops_with_one_line(reference, monkeypatch, tmp_path):
@@ -188,7 +175,7 @@ def test_full_disk_stops_with_one_line(reference, monkeypatch, tmp_path):
            observed=f"StorageError: '{message.split('(')[1].split(')')[0]}'; latest checkpoint loads at version "
                     f"{version} and equals the reference run's θ at version 1",
            accepted_lost="no: checkpoint and metrics hold the accepted history up to version 1",
-           test="tests/test_reliability_storage.py::test_full_disk_stops_with_one_line")
+           test="tests/rundir/test_reliability_storage.py::test_full_disk_stops_with_one_line")
 
 
 def _params_at(reference, version: int, tmp_path: Path):

@@ -21,7 +21,6 @@ earns reward 0 everywhere, so its θ never moves; the test asserts that fitness 
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 import subprocess
@@ -33,6 +32,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, same_bits, theta_moved
 from reliability import record
+from run_settings import embedded, read_records, untimed
 
 from esjax.config import config_to_yaml, load_config
 from esjax.rundir.checkpoint import read_loop_state
@@ -42,32 +42,17 @@ from esjax.train.session import train
 UPDATES = 5
 POPULATION = 4
 TASKS = 2
-BASE = [
-    "model.source=embedded", "run.progress=false", "run.plots=false", f"run.updates={UPDATES}", "run.eval_every=2",
-    "run.checkpoint_every=1", "run.keep_checkpoints=100", f"es.population={POPULATION}", "es.rank=2",
-    "es.sigma=0.2", "es.learning_rate=0.25", "es.scale=nes", "es.scope=all", "es.include=['norm/scale$']",
-    "schedule.slots=4",
-    "env.data=webshop_small", f"env.tasks_per_member={TASKS}", "env.max_steps=10", "env.eval_goals=4",
-    "agent.prompt_style=compact", "agent.temperature=0.5",
-]
+BASE = embedded(run__updates=UPDATES, run__eval_every=2, run__keep_checkpoints=100, es__population=POPULATION,
+                env__tasks_per_member=TASKS, env__eval_goals=4)
 SCHEDULES = {
     "async": ["schedule.kind=async", "schedule.max_lag=1"],
     "controlled": ["schedule.kind=controlled", "schedule.lag=2", "schedule.stale_fraction=0.5", "schedule.max_lag=2"],
     "all_stale": ["schedule.kind=all_stale", "schedule.lag=2", "schedule.max_lag=2"],
 }
-TIMING = {"wall_time", "seconds", "episodes_per_s", "tokens_per_s", "eval_seconds", "update_seconds"}
 
 
 def _config(kind: str):
     return load_config(None, [*BASE, *SCHEDULES[kind]])
-
-
-def _records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def _untimed(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
 
 
 def _trace_files(run_dir: Path) -> dict[str, bytes]:
@@ -126,7 +111,7 @@ def test_every_version_is_its_own_step(reference):
 
 def test_resume_from_every_checkpoint_is_bit_identical(reference, tmp_path):
     kind, result = reference
-    reference_records = _records(result.run_dir)
+    reference_records = read_records(result.run_dir)
     steps = _steps(result.run_dir)
     assert steps == list(range(1, UPDATES + 1)) and theta_moved(reference_records)
     for step in steps:
@@ -135,8 +120,8 @@ def test_resume_from_every_checkpoint_is_bit_identical(reference, tmp_path):
         assert resumed.version == UPDATES
         assert same_bits(resumed.params, result.params), f"{kind}: θ differs after resuming from {step}"
         assert _trace_files(run_dir) == _trace_files(result.run_dir), f"{kind}: traces differ after resuming"
-        records = _records(run_dir)
-        assert _untimed(records) == _untimed(reference_records), f"{kind}: records differ after resuming from {step}"
+        records = read_records(run_dir)
+        assert untimed(records) == untimed(reference_records), f"{kind}: records differ after resuming from {step}"
         keys = Counter((r["kind"], r["version"]) for r in records if r["kind"] != "event")
         assert max(keys.values()) == 1
         walls = [r["wall_time"] for r in records]
@@ -159,7 +144,7 @@ def test_resume_from_every_checkpoint_is_bit_identical(reference, tmp_path):
                     "and the same final totals",
            accepted_lost="no: every checkpoint is a consistent point (all finished jobs reported, θ and "
                          "coordinator at its version); what came after it is recomputed identically",
-           test=f"tests/test_trainer_resume.py::test_resume_from_every_checkpoint_is_bit_identical[{kind}]")
+           test=f"tests/train/test_trainer_resume.py::test_resume_from_every_checkpoint_is_bit_identical[{kind}]")
 
 
 def test_resuming_a_finished_run_changes_nothing(reference, tmp_path):
@@ -196,7 +181,7 @@ def test_resume_from_a_tick_end_checkpoint_is_bit_identical(tmp_path):
     last tick; resuming from every one of them ends bit-identical to the uninterrupted run."""
     config = load_config(None, [*BASE, *SCHEDULES["async"], *EVERY_TICK])
     result = train(config, run_dir=tmp_path / "reference")
-    reference_records = _records(result.run_dir)
+    reference_records = read_records(result.run_dir)
     assert theta_moved(reference_records)
     steps = _steps(result.run_dir)
     assert steps == list(range(UPDATES + 1))  # version 0 too: long before checkpoint_every would have saved
@@ -205,7 +190,7 @@ def test_resume_from_a_tick_end_checkpoint_is_bit_identical(tmp_path):
         run_dir = killed_after(result.run_dir, step, tmp_path / f"from-{step}")
         resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
         assert same_bits(resumed.params, result.params), f"θ differs after resuming from tick-end checkpoint {step}"
-        assert _untimed(_records(run_dir)) == _untimed(reference_records), f"records differ after {step}"
+        assert untimed(read_records(run_dir)) == untimed(reference_records), f"records differ after {step}"
         assert _trace_files(run_dir) == _trace_files(result.run_dir)
 
 
@@ -245,4 +230,4 @@ def test_sigint_mid_run_checkpoints_the_tick_and_the_resume_is_bit_identical(tmp
     resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
     reference = train(load_config(config_file), run_dir=tmp_path / "reference")
     assert theta_moved(reference.records) and same_bits(resumed.params, reference.params)
-    assert _untimed(_records(run_dir)) == _untimed(_records(reference.run_dir))
+    assert untimed(read_records(run_dir)) == untimed(read_records(reference.run_dir))

@@ -58,7 +58,7 @@ def test_readme_documents_every_field_of_the_schema():
 
     from esjax.rundir.metrics_schema import COMMON, KINDS
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme[readme.index("### metrics.jsonl records"):readme.index("## Generate mode")]
     for name in {*COMMON, *(f for fields in KINDS.values() for f in fields)}:
         assert f"`{name}`" in section, name

@@ -28,7 +28,7 @@ from esjax.es.noise import NoiseSpec, perturbed_params
 from esjax.model.params import init_params
 from esjax.model.testing import tiny_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------------------------------------ the agent
@@ -342,7 +342,7 @@ def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch):
 
 def test_cli_runs_generate_tiny_end_to_end(tmp_path, capsys):
     """``python -m esjax.run --config configs/generate-tiny.yaml``, in this process (the CLI as its own process:
-    tests/test_config.py::test_cli_exits_with_one_line_and_no_traceback)."""
+    tests/config/test_config.py::test_cli_exits_with_one_line_and_no_traceback)."""
     from esjax.cli.common import run_cli
     from esjax.cli.run import main
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from run_settings import tiny_random
 
 from experiments import report, staleness_grid, wallclock
 
-TINY = ["model.source=random", "run.updates=2", "run.eval_every=1", "run.checkpoint_every=100", "es.population=8",
-        "schedule.slots=4", "env.eval_goals=6", "env.tasks_per_member=2", "env.num_products=100",
-        "env.max_steps=6", "es.sigma=0.05", "es.learning_rate=0.05",
-        "es.scale=nes"]  # the es section's default scale before it became the library's (llm)
+TINY = tiny_random(updates=2, eval_every=1, checkpoint_every=100, population=8, eval_goals=6, max_steps=6,
+                   quiet=False)
 
 
 def _grid_args(out, *extra):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import reward_by_trace, same_bits, theta_moved
 from reliability import record
+from run_settings import tiny_random
 
 from esjax.cli.common import run_cli
 from esjax.config import load_config
@@ -16,10 +17,7 @@ from esjax.train.parts import load_run
 from esjax.train.session import RunAborted, train
 
 # The trainer tests' TINY run, shortened: 3 updates, evaluations only at the start and the end.
-BASE = ["model.source=random", "run.updates=3", "run.eval_every=10", "run.checkpoint_every=1", "es.population=8",
-        "schedule.slots=4", "env.eval_goals=2", "env.tasks_per_member=2", "env.num_products=100",
-        "env.max_steps=6", "run.progress=false", "run.plots=false", "es.sigma=0.05", "es.learning_rate=0.05",
-        "es.scale=nes"]  # the es section's default scale before it became the library's (llm)
+BASE = tiny_random(updates=3, eval_every=10, checkpoint_every=1, population=8, eval_goals=2, max_steps=6)
 N = 8
 
 
@@ -84,7 +82,7 @@ def test_nonfinite_update_is_rejected_and_the_run_goes_on(poison, tmp_path, monk
                     f"run reached version {result.version}; {last['discarded_by']['rejected_update']} members "
                     f"discarded as `rejected_update`; final θ finite",
            accepted_lost=f"no: {len(updates)} applied cohorts of {N}, accepted = {last['accepted']}",
-           test="tests/test_reliability_numeric.py::test_nonfinite_update_is_rejected_and_the_run_goes_on")
+           test="tests/train/test_reliability_numeric.py::test_nonfinite_update_is_rejected_and_the_run_goes_on")
 
 
 def test_too_many_nonfinite_updates_stop_the_run_cleanly(poison, tmp_path, capsys):
@@ -110,7 +108,7 @@ def test_too_many_nonfinite_updates_stop_the_run_cleanly(poison, tmp_path, capsy
            observed=f"RunAborted, CLI prints one line and exits {exit_info.value.code}; "
                     f"latest checkpoint loads at version {version} with finite θ",
            accepted_lost="no: the checkpoint at version 1 holds every applied update",
-           test="tests/test_reliability_numeric.py::test_too_many_nonfinite_updates_stop_the_run_cleanly")
+           test="tests/train/test_reliability_numeric.py::test_too_many_nonfinite_updates_stop_the_run_cleanly")
 
 
 def test_coordinator_drops_a_rejected_cohort_and_keeps_counting():

@@ -14,23 +14,16 @@ import jax
 import numpy as np
 import pytest
 from conftest import reward_by_trace, same_bits, theta_moved, uneven_episodes
+from run_settings import tiny_random, untimed
 
 from esjax.config import load_config
 from esjax.rundir.directory import resume_config
 from esjax.train.parts import load_run
 from esjax.train.session import train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
-TINY = ["model.source=random", "run.updates=4", "run.eval_every=2", "run.checkpoint_every=1", "es.population=8",
-        "schedule.slots=4", "env.eval_goals=6", "env.tasks_per_member=2", "env.num_products=100",
-        "env.max_steps=6", "run.progress=false", "run.plots=false", "es.sigma=0.05", "es.learning_rate=0.05",
-        "es.scale=nes"]  # the es section's default scale before it became the library's (llm)
-
-
-def _strip_times(records):
-    drop = {"wall_time", "seconds", "episodes_per_s", "tokens_per_s", "eval_seconds", "update_seconds"}
-    return [{k: v for k, v in r.items() if k not in drop} for r in records]
+TINY = tiny_random(updates=4, eval_every=2, checkpoint_every=1, population=8, eval_goals=6, max_steps=6)
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +159,7 @@ def test_rerun_is_bit_identical(reference_run, tmp_path):
     # run.traces and run.plots only add files: the run itself is the same with them off
     again = train(load_config(None, [*TINY, "run.traces=none"]), run_dir=tmp_path / "again")
     assert theta_moved(reference_run.records) and same_bits(reference_run.params, again.params)
-    assert _strip_times(reference_run.records) == _strip_times(again.records)
+    assert untimed(reference_run.records) == untimed(again.records)
     assert not (tmp_path / "again" / "traces").exists() and not (tmp_path / "again" / "plots").exists()
     assert (tmp_path / "again" / "summary.md").is_file()
 
@@ -201,7 +194,7 @@ def test_sigkill_then_resume_is_bit_identical(reference_run, tmp_path):
     assert version == 4
     assert same_bits(reference_run.params, params)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert _strip_times(records) == _strip_times(reference_run.records)  # no record lost or duplicated
+    assert untimed(records) == untimed(reference_run.records)  # no record lost or duplicated
 
 
 def test_corrupt_latest_checkpoint_falls_back(reference_run, tmp_path):
@@ -229,7 +222,7 @@ def test_eval_and_export_of_a_run(reference_run, tmp_path, capsys):
     from esjax.rundir.traces import read_traces
 
     # both entry points in this process (the run's programs are compiled already); each as its own process:
-    # tests/test_config.py::test_cli_exits_with_one_line_and_no_traceback
+    # tests/config/test_config.py::test_cli_exits_with_one_line_and_no_traceback
     traces = tmp_path / "eval-traces.jsonl"
     capsys.readouterr()
     assert eval_cli.main(["--run-dir", str(reference_run.run_dir), "--json", "--traces", str(traces)]) == 0

@@ -26,7 +26,7 @@ from esjax.plan.__main__ import build_parser as plan_parser
 from esjax.plan.__main__ import main as plan_main
 from esjax.plan.memory import GiB, parse_bytes
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NOT_YET = "not yet working: mesh.distributed is refused"
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "f32": "float32", "float32": "float32"}
 
@@ -48,7 +48,7 @@ def _launches() -> list[tuple[str, str, list[str], list[str]]]:
     found = []
     for heading, text in _recipes():
         if "ESJAX_CPU_DEVICES" in text:  # a CPU demo on simulated devices: nothing to plan (run as written by
-            continue                     # tests/test_trainer_multiprocess.py)
+            continue                     # tests/parallel/test_trainer_multiprocess.py)
         runs = [m.group(1).split() for m in re.finditer(r"python -m esjax\.run ([^`\"]*)", text)]
         runs = [argv for argv in runs if "--config" in argv and argv[argv.index("--config") + 1].startswith("configs/")]
         plans = [m.group(1).split() for m in re.finditer(r"python -m esjax\.plan ([^`]*)", text)]

@@ -17,19 +17,13 @@ import types
 from pathlib import Path
 
 import pytest
+from run_settings import read_records, tiny_random
 
 import esjax.train.trainer
 from esjax.cli.run import main
 from esjax.rundir.checkpoint import read_loop_state
 
-TINY = ["model.source=random", "run.updates=2", "run.eval_every=1", "run.checkpoint_every=1", "es.population=4",
-        "schedule.slots=4", "env.eval_goals=4", "env.tasks_per_member=2", "env.num_products=100",
-        "env.max_steps=4", "run.progress=false", "run.plots=false", "es.sigma=0.05", "es.learning_rate=0.05",
-        "es.scale=nes"]  # the es section's default scale before it became the library's (llm)
-
-
-def _records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+TINY = tiny_random(updates=2, eval_every=1, checkpoint_every=1, population=4, eval_goals=4, max_steps=4)
 
 
 def _walls(records: list[dict]) -> list[float]:
@@ -43,7 +37,7 @@ def finished(tmp_path_factory) -> Path:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(esjax.train.trainer, "time", fast)  # the trainer's clock only (wall_time), nothing else
         assert main(["--run-dir", str(run_dir), *(x for item in TINY for x in ("--set", item))]) == 0
-    assert _records(run_dir)[-1]["wall_time"] > 1000
+    assert read_records(run_dir)[-1]["wall_time"] > 1000
     return run_dir
 
 
@@ -56,23 +50,23 @@ def test_resumed_wall_time_continues_from_the_checkpoint(finished, tmp_path):
     started = time.perf_counter()
     assert main(["--resume", str(run_dir)]) == 0
     resume_seconds = time.perf_counter() - started  # a clock restarted at 0 could not get past this
-    records = _records(run_dir)
+    records = read_records(run_dir)
     assert [r["version"] for r in records if r["kind"] == "update"] == [1, 2]
     walls = _walls(records)
     assert walls == sorted(walls), walls  # never goes back across the resume
     resumed = _walls(records[kept:])
     assert resumed and min(resumed) >= loop["wall_time"] > resume_seconds, (loop["wall_time"], resumed)
-    assert _walls(records[:kept]) == _walls(_records(finished)[:kept])  # the kept prefix is untouched
+    assert _walls(records[:kept]) == _walls(read_records(finished)[:kept])  # the kept prefix is untouched
     assert len(json.loads((run_dir / "run.json").read_text())["resumes"]) == 1
 
 
 def test_resume_with_more_updates_extends_a_finished_run(finished, tmp_path):
     run_dir = tmp_path / "extended"
     shutil.copytree(finished, run_dir)
-    before = _records(finished)
+    before = read_records(finished)
     end_wall = before[-1]["wall_time"]
     assert main(["--resume", str(run_dir), "--set", "run.updates=3"]) == 0
-    records = _records(run_dir)
+    records = read_records(run_dir)
     assert [r["version"] for r in records if r["kind"] == "update"] == [1, 2, 3]
     assert [r["version"] for r in records if r["kind"] == "eval"] == [0, 1, 2, 3]
     assert records[-1]["kind"] == "end" and records[-1]["version"] == 3
@@ -85,4 +79,4 @@ def test_resume_with_more_updates_extends_a_finished_run(finished, tmp_path):
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["resumes"][-1]["overrides"] == ["run.updates=3"]
     assert main(["--resume", str(run_dir)]) == 0  # resuming again without the override: already finished
-    assert _records(run_dir) == records
+    assert read_records(run_dir) == records

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from reliability import record
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HEARTBEAT = 3
 BOUND = 60  # seconds from the kill to the survivor's exit
 
@@ -69,4 +69,4 @@ def test_sigkilled_peer_stops_the_survivor_within_a_bounded_time(tmp_path, child
            observed=f"process 0 exited with code {procs[0].returncode} within {BOUND} s of the kill; its stderr "
                     "says the distributed service detected that another task died / stopped heartbeating",
            accepted_lost="n/a (no coordinator state in this job; a trainer resumes from its last checkpoint)",
-           test="tests/test_reliability_multihost.py::test_sigkilled_peer_stops_the_survivor_within_a_bounded_time")
+           test="tests/parallel/test_reliability_multihost.py::test_sigkilled_peer_stops_the_survivor_within_a_bounded_time")
