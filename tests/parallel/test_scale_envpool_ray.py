@@ -4,84 +4,16 @@ stand-in for Ray (always runs); a real local Ray cluster is used when Ray is ins
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import sys
-import tempfile
-import types
-from pathlib import Path
 
 import numpy as np
 import pytest
+from ray_fixtures import fake_ray, real_ray
 
 from envs.webshop_bridge.factory import ShopSpec, get_shop
 from envs.webshop_bridge.pool import InProcessEnvPool
 
 SPEC = ShopSpec(kind="synthetic", num_products=40, seed=0)
-
-
-def _fake_ray() -> types.ModuleType:
-    """Just enough of Ray's API, executed synchronously in this process."""
-    ray = types.ModuleType("ray")
-
-    class RayActorError(Exception):
-        pass
-
-    class _Ref:
-        def __init__(self, value, error=None):
-            self.value, self.error = value, error
-
-        def result(self):
-            if self.error is not None:
-                raise self.error
-            return self.value
-
-    class _Method:
-        def __init__(self, fn, handle):
-            self.fn, self.handle = fn, handle
-
-        def remote(self, *args):
-            if self.handle.dead:  # a dead actor: the call's result raises when read
-                return _Ref(None, RayActorError("the actor died"))
-            return _Ref(self.fn(*args))
-
-    class _Handle:
-        def __init__(self, obj):
-            self.obj, self.dead = obj, False
-
-        def __getattr__(self, name):
-            return _Method(getattr(self.obj, name), self)
-
-    class _Actor:
-        def __init__(self, cls):
-            self.cls = cls
-
-        def options(self, **_):
-            return self
-
-        def remote(self, *args):
-            return _Handle(self.cls(*args))
-
-    ray.remote = _Actor
-    ray.is_initialized = lambda: True
-    ray.get = lambda refs, timeout=None: refs.result() if isinstance(refs, _Ref) else [r.result() for r in refs]
-    ray.kill = lambda actor: None
-    ray.exceptions = types.SimpleNamespace(GetTimeoutError=TimeoutError, RayActorError=RayActorError)
-    return ray
-
-
-@contextlib.contextmanager
-def real_ray():
-    """A real local Ray cluster (2 CPUs) for one test, skipped without Ray. One at a time on this machine: test
-    modules run in parallel (pytest-xdist) and a second ``ray.init`` may join the first one's cluster."""
-    ray = pytest.importorskip("ray")
-    with open(Path(tempfile.gettempdir()) / "esjax-real-ray-tests.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
-        try:
-            yield ray
-        finally:
-            ray.shutdown()
 
 
 def _drive(pool, goals):
@@ -102,7 +34,7 @@ def _reference(goals):
 
 
 def test_ray_pool_fan_out_matches_the_in_process_pool(monkeypatch):
-    monkeypatch.setitem(sys.modules, "ray", _fake_ray())
+    monkeypatch.setitem(sys.modules, "ray", fake_ray())
     from esjax.parallel.envpool_ray import RayEnvPool
 
     goals = [0, 5, 9, 11, 20]
@@ -134,7 +66,7 @@ def test_real_local_ray_cluster():
 
 def test_config_ray_address_reaches_ray_init(monkeypatch):
     """``env.ray_address`` is the cluster ``ray.init`` joins when Ray is not running yet."""
-    ray = _fake_ray()
+    ray = fake_ray()
     calls = []
     ray.is_initialized = lambda: bool(calls)
     ray.init = lambda **kwargs: calls.append(kwargs)

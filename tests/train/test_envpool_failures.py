@@ -17,7 +17,7 @@ import sys
 import time
 
 import pytest
-from test_scale_envpool_ray import _fake_ray, real_ray
+from ray_fixtures import fake_ray, real_ray
 
 from envs.webshop_bridge import InProcessEnvPool, ProcessEnvPool, ShopSpec
 
@@ -109,7 +109,7 @@ def test_process_pool_replaces_a_worker_that_stops_answering():
 
 
 def test_ray_pool_replaces_a_dead_actor_and_fails_its_rows(monkeypatch):
-    ray = _fake_ray()
+    ray = fake_ray()
     monkeypatch.setitem(sys.modules, "ray", ray)
     from esjax.parallel.envpool_ray import RayEnvPool
 

@@ -310,7 +310,8 @@ def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch):
     """A run killed right after any checkpoint and resumed ends with the same θ, records and traces. Every
     checkpoint lands with turns in progress (partial replies), so the re-prefill path is exercised."""
     from conftest import reward_by_trace, same_bits, theta_moved
-    from test_trainer_resume import _records, _steps, _untimed, killed_after
+    from run_settings import read_records, untimed
+    from test_trainer_resume import _steps, killed_after
 
     from esjax.config import load_config
     from esjax.loop.generate import GenerateEngine
@@ -323,7 +324,7 @@ def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch):
     model = _action_checkpoint(tmp_path / "model")
     base = [*BASE, "model.source=hf", f"model.path={model}"]
     reference = train(load_config(None, base), run_dir=tmp_path / "reference")
-    records = _untimed(_records(reference.run_dir))
+    records = untimed(read_records(reference.run_dir))
     assert theta_moved(records)
     assert [r["version"] for r in records if r["kind"] == "eval"] == [0, 2, 3]
     assert reference.version == 3
@@ -335,7 +336,7 @@ def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch):
         run_dir = killed_after(reference.run_dir, step, tmp_path / f"from-{step}")
         resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
         assert same_bits(resumed.params, reference.params)
-        assert _untimed(_records(run_dir)) == records, f"records differ after resuming from {step}"
+        assert untimed(read_records(run_dir)) == records, f"records differ after resuming from {step}"
         for path in sorted((reference.run_dir / "traces").iterdir()):
             assert (run_dir / "traces" / path.name).read_bytes() == path.read_bytes(), (step, path.name)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from conftest import same_bits, theta_moved
+from ray_fixtures import real_ray
 from run_settings import read_records, untimed
-from test_scale_envpool_ray import real_ray
 
 from esjax.config import ConfigError, load_config
 from esjax.train.parts import check_extras
