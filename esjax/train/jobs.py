@@ -3,6 +3,7 @@ again) until its member's fitness — the mean reward over its ``tasks_per_membe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -10,15 +11,17 @@ import numpy as np
 from esjax.loop.rollout import Episode, RolloutEngine
 from esjax.loop.types import Job, Result
 from esjax.train.inflight import JobProgress, SinceUpdate
+from esjax.train.records import RunLog
 
 
 class MemberJobs:
-    """Jobs by id; ``train_goals`` are the goal indices a job's task batch picks from."""
+    """Jobs by id; ``train_goals`` are the goal indices a job's task batch picks from; env faults go to ``log``."""
 
-    def __init__(self, train_goals: list[int], tasks_per_member: int, max_retries: int):
+    def __init__(self, train_goals: list[int], tasks_per_member: int, max_retries: int, log: RunLog):
         self.train_goals = train_goals
         self.tasks_per_member = tasks_per_member
         self.max_retries = max_retries
+        self.log = log
         self.active: dict[int, JobProgress] = {}
 
     def __len__(self) -> int:
@@ -53,18 +56,24 @@ class MemberJobs:
         jp.rewards[episode.position] = episode.reward
         return len(jp.rewards) == self.tasks_per_member
 
-    def episode_failed(self, episode: Episode) -> str | None:
-        """A training episode's env failed: ``'retry'`` (it runs again) while its job has retries left (up to
-        ``env.max_retries``), else ``'drop'`` (the job leaves); None for a job already gone."""
+    def episode_failed(self, episode: Episode, fields: dict[str, Any]) -> JobProgress | None:
+        """A training episode's env failed: it runs again (an ``env_fault`` event, ``retry``) while its job has
+        retries left (``env.max_retries``); then the job leaves (``drop_job``) and is returned, for the loop to
+        stop its episodes and tell the coordinator. None also for a job already gone."""
         jp = self.active.get(episode.owner)
         if jp is None:
             return None
         jp.failures += 1
         if jp.failures <= self.max_retries:
             jp.retry.append(episode.position)
-            return "retry"
-        del self.active[episode.owner]
-        return "drop"
+            self.log.event("env_fault", action="retry", **fields)
+            return None
+        self.log.event("env_fault", action="drop_job", **fields)
+        return self.active.pop(episode.owner)
+
+    def take(self, stop: Callable[[JobProgress], bool]) -> list[tuple[int, JobProgress]]:
+        """Remove the jobs ``stop`` picks and return them, in job order."""
+        return [(jid, self.active.pop(jid)) for jid in sorted(j for j, jp in self.active.items() if stop(jp))]
 
     def results(self, done: list[int], tick: int) -> list[Result]:
         """Each finished job's member fitness (mean reward), in job order; the jobs leave."""

@@ -66,9 +66,10 @@ class Trainer:
         self.K = self.settings.max_lag
         self.es_update: ESUpdate | None = None
         self.coord = None
-        self.jobs = MemberJobs(self.parts.train_goals, self.settings.tasks_per_member, self.settings.max_retries)
         self.counters = LoopCounters()
         self.log = RunLog(self.settings, lambda: (self.version, self.counters.tick, self.wall_time()))
+        self.jobs = MemberJobs(self.parts.train_goals, self.settings.tasks_per_member, self.settings.max_retries,
+                               self.log)
         primary = jax.process_index() == 0  # writes the run directory's files in a multi-process job
         self.evals = Evaluations(self.parts.eval_goals, self.settings, self.log,
                                  run_dir / "traces" if primary else None, self.wall_time)
@@ -197,16 +198,13 @@ class Trainer:
     def _abandon_hopeless(self) -> None:
         """Jobs older than t − K can never be accepted: stop them now instead of finishing wasted work
         (discarded as 'abandoned'). Once the last update is applied, every job is cancelled."""
-        done = self.version >= self.last_version
-        jobs = self.jobs.active
-        stop = sorted(jid for jid, jp in jobs.items() if done or jp.job.member.version < self.version - self.K)
-        ids = set(stop)
-        if stop:
+        done, floor = self.version >= self.last_version, self.version - self.K
+        stopped = self.jobs.take(lambda jp: done or jp.job.member.version < floor)
+        ids = {jid for jid, _ in stopped}
+        if stopped:
             self.engine.stop(lambda e: e.kind == "train" and e.owner in ids)
-        for jid in stop:
-            jp = jobs.pop(jid)
-            duration = float(self.counters.tick - jp.started_tick)
-            (self.coord.cancel if done else self.coord.abandon)(jid, duration)
+        for jid, jp in stopped:
+            (self.coord.cancel if done else self.coord.abandon)(jid, float(self.counters.tick - jp.started_tick))
 
     def _finish_run(self) -> None:
         """Cancel what is left, write the end record with the coordinator's final totals and re-save the last
@@ -234,13 +232,7 @@ class Trainer:
                   "reason": episode.failure}
         if episode.kind == "eval":
             self.evals.episode_failed(episode, fields)
-            return
-        jp = self.jobs.active.get(episode.owner)
-        outcome = self.jobs.episode_failed(episode)
-        if outcome == "retry":
-            self.log.event("env_fault", action="retry", **fields)
-        elif outcome == "drop":
-            self.log.event("env_fault", action="drop_job", **fields)
+        elif (jp := self.jobs.episode_failed(episode, fields)) is not None:  # dropped: counted as abandoned
             self.engine.stop(lambda e: e.kind == "train" and e.owner == episode.owner)
             self.coord.abandon(episode.owner, float(self.counters.tick - jp.started_tick))
 
