@@ -298,10 +298,10 @@ def build_run_parts(config: Config) -> RunParts:
     engine = build_engine(config, pool, agent, policy, es_config)
     mesh = sharded = None
     if len(jax.devices()) > 1:  # shard θ and its update over ('data', 'model'), all processes' devices
-        from esjax.model.sharding import mesh_from_config
+        from esjax.model.sharding import mesh_of
         from esjax.parallel.sharded import ShardedES
 
-        mesh = mesh_from_config(config.mesh)
+        mesh = mesh_of(config.mesh.data, config.mesh.model)
         sharded = ShardedES(es_config, policy.config, mesh)
     new_coordinator = functools.partial(build_coordinator, config.schedule, config.es.population, config.run.seed,
                                         config.env.tasks_per_member, len(train_goals))
