@@ -53,3 +53,10 @@ def embedded(**changes: Any) -> list[str]:
 def read_records(run_dir: Path) -> list[dict[str, Any]]:
     """Every record of a run directory's metrics.jsonl, in file order."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def es_config_of(config: Any):
+    """The ES update's config a run of ``config`` uses (its es section, seed and length)."""
+    from esjax.train.parts import build_es_config
+
+    return build_es_config(config.es, config.run.seed, config.run.updates)

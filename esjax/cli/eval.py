@@ -140,18 +140,20 @@ def main(argv: list[str] | None = None) -> int:
             if run_eval.get("score") is not None:
                 print(f"the run ({origin.get('run_dir')}) scored {run_eval['score']:.1f} at version "
                       f"{run_eval.get('version')} on {run_eval.get('goals')} goals", file=sys.stderr)
-        shop = build_shop(config)
-        policy = build_policy(config, shop)
+        shop = build_shop(config.env)
+        policy = build_policy(config.model, shop, config.run.seed)
         params, what = policy.params, args.model
-    goals = held_out_goals(config, shop)
+    goals = held_out_goals(config.env, shop)
     if not goals:
         raise UserError(f"env.eval_split: no {config.env.eval_split!r} goals in this shop")
+    style = resolve_prompt_style(config.agent, policy, config.model.source)
     print(f"evaluating {what} on {len(goals)} {config.env.eval_split} {goal_set_label(config.env)} goals of "
           f"{shop.name}, max "
-          f"{config.env.max_steps} steps, prompt style {resolve_prompt_style(config, policy)}", file=sys.stderr)
+          f"{config.env.max_steps} steps, prompt style {style}", file=sys.stderr)
     from esjax.train.evaluate import evaluate_policy
 
-    result = evaluate_policy(policy.config, params, build_agent(config, policy), shop, goals, config.env.max_steps,
+    agent = build_agent(config.agent, policy, config.model.source)
+    result = evaluate_policy(policy.config, params, agent, shop, goals, config.env.max_steps,
                              traces=bool(args.traces), max_new_tokens=config.agent.max_new_tokens)
     traces = result.pop("traces", None)
     if traces is not None:

@@ -44,7 +44,7 @@ def run_settings(config: Any, policy: Any) -> dict[str, Any]:
     if env["data"] != "synthetic" and env["data"] not in PACKAGED_DATA:
         env["data"] = str(Path(env["data"]).expanduser().resolve())
     agent = config.agent.model_dump(mode="json")
-    agent["prompt_style"] = resolve_prompt_style(config, policy)
+    agent["prompt_style"] = resolve_prompt_style(config.agent, policy, config.model.source)
     return {"env": env, "agent": agent, "model": {"dtype": config.model.dtype}}
 
 

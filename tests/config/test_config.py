@@ -484,10 +484,11 @@ def test_json_schema_shows_each_kinds_keys():
 
 def test_es_section_defaults_are_the_library_defaults():
     """One set of ES defaults: a config without an es section builds exactly ESConfig()'s update."""
-    from esjax.es import ESConfig, NoiseSpec
-    from esjax.train.parts import build_es_config
+    from run_settings import es_config_of
 
-    built, library = build_es_config(load_config(None)), ESConfig(noise=NoiseSpec(seed=0))
+    from esjax.es import ESConfig, NoiseSpec
+
+    built, library = es_config_of(load_config(None)), ESConfig(noise=NoiseSpec(seed=0))
     assert float(built.sigma_at(0)) == pytest.approx(library.sigma, rel=1e-7)
     assert dataclasses.replace(built, sigma=library.sigma) == library
     assert (library.sigma, library.learning_rate, library.scale, library.shaping, library.optimizer) == (
@@ -499,13 +500,12 @@ def test_optimizer_settings_reach_the_update():
     settings as one optax transformation per distinct setting, whose state has adam's structure."""
     import jax
     import optax
+    from run_settings import es_config_of
 
-    from esjax.train.parts import build_es_config
-
-    assert build_es_config(load_config(None, ["es.optimizer=adam"])).optimizer == "adam"
-    assert build_es_config(load_config(None, ["es.optimizer={kind: adam, eps: 1e-8}"])).optimizer == "adam"
+    assert es_config_of(load_config(None, ["es.optimizer=adam"])).optimizer == "adam"
+    assert es_config_of(load_config(None, ["es.optimizer={kind: adam, eps: 1e-8}"])).optimizer == "adam"
     tuned = ["es.optimizer={kind: adam, b1: 0.5, eps: 1e-6}", "es.learning_rate=0.1"]
-    first, again = build_es_config(load_config(None, tuned)), build_es_config(load_config(None, tuned))
+    first, again = es_config_of(load_config(None, tuned)), es_config_of(load_config(None, tuned))
     assert first == again and first.optimizer is again.optimizer
     params = {"w": jax.numpy.ones(3)}
     grads = {"w": jax.numpy.asarray([1.0, -2.0, 0.5])}
@@ -515,7 +515,7 @@ def test_optimizer_settings_reach_the_update():
     want = reference.update(grads, reference.init(params), params)[0]["w"]
     assert jax.numpy.allclose(got, want)
     assert jax.tree_util.tree_structure(ours.init(params)) == jax.tree_util.tree_structure(
-        build_es_config(load_config(None, ["es.optimizer=adam"])).get_optimizer().init(params))
+        es_config_of(load_config(None, ["es.optimizer=adam"])).get_optimizer().init(params))
 
 
 def test_adam_settings_act_over_several_steps():
@@ -524,10 +524,9 @@ def test_adam_settings_act_over_several_steps():
     import jax
     import numpy as np
     import optax
+    from run_settings import es_config_of
 
-    from esjax.train.parts import build_es_config
-
-    ours = build_es_config(load_config(None, ["es.optimizer={kind: adam, b1: 0.5, b2: 0.9, eps: 0.1}",
+    ours = es_config_of(load_config(None, ["es.optimizer={kind: adam, b1: 0.5, b2: 0.9, eps: 0.1}",
                                               "es.learning_rate=0.1"])).get_optimizer()
     reference, default = optax.adam(0.1, b1=0.5, b2=0.9, eps=0.1), optax.adam(0.1)
     params = {"w": jax.numpy.ones(3)}

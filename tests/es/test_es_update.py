@@ -250,11 +250,12 @@ def test_gradient_memory_is_independent_of_population():
 def test_configs_built_twice_are_equal_and_share_one_compiled_update():
     """ESConfig holds values (optimizer by name), so the config a resume builds again equals the first: one jit
     cache entry, no recompilation."""
+    from run_settings import es_config_of
+
     from esjax.config import load_config
-    from esjax.train.parts import build_es_config
 
     overrides = ["es.optimizer=adam", "es.weight_decay=0.01", "es.anchor_decay=0.1"]
-    first, second = (build_es_config(load_config(None, overrides)) for _ in range(2))
+    first, second = (es_config_of(load_config(None, overrides)) for _ in range(2))
     assert first == second and hash(first) == hash(second)
     update(first, init(first, PARAMS, version=3), VERSIONS, INDICES, FITNESS)
     from esjax.es.step import _update_jit

@@ -76,6 +76,6 @@ def test_config_ray_address_reaches_ray_init(monkeypatch):
 
     config = load_config(None, ["env.data=synthetic", "env.num_products=40", "env.pool=ray", "env.workers=1",
                                 "env.ray_address=ray://head:10001"])
-    pool = build_pool(config, build_shop(config), 2)
+    pool = build_pool(config.env, build_shop(config.env), 2)
     pool.close()
     assert [c["address"] for c in calls] == ["ray://head:10001"]

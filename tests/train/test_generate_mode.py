@@ -199,7 +199,8 @@ def _engine(shop, policy, rows=4, sigma=0.0, spec=None, max_steps=3, temperature
     from esjax.loop.generate import GenerateEngine
     from esjax.train.parts import build_generate_agent
 
-    agent = build_generate_agent(load_config(None, ["agent.mode=generate", "agent.max_prompt_tokens=256"]), policy)
+    config = load_config(None, ["agent.mode=generate", "agent.max_prompt_tokens=256"])
+    agent = build_generate_agent(config.agent, policy)
     return GenerateEngine(InProcessEnvPool(shop, rows), agent, policy.config, spec or NoiseSpec(seed=0, rank=1),
                           lambda v: sigma, max_steps, Sampling(temperature, 0.9, 20), max_new_tokens=6,
                           decode_steps=steps, max_prompt_tokens=256)
@@ -273,11 +274,11 @@ def test_stale_members_generate_with_their_own_versions_parameters(tmp_path, mon
     """Generate mode: every decode call of a version's lane gets θ_v (checked against θ_v as the update made it) and
     σ_v, also for rows whose version has been superseded (controlled staleness: half of each cohort at t - 1)."""
     from conftest import reward_by_trace, theta_moved
+    from run_settings import es_config_of
     from test_trainer import _digest, record_theta_history
 
     from esjax.config import load_config
     from esjax.loop.generate import GenerateEngine
-    from esjax.train.parts import build_es_config
     from esjax.train.session import train
 
     history = record_theta_history(monkeypatch)
@@ -298,7 +299,7 @@ def test_stale_members_generate_with_their_own_versions_parameters(tmp_path, mon
                                 "schedule.stale_fraction=0.5", "es.sigma_schedule=linear", "es.sigma_final=0.01"])
     result = train(config, run_dir=tmp_path / "run")
     assert theta_moved(result.records) and len(set(history.values())) == 4
-    sigma_at = build_es_config(config).sigma_at
+    sigma_at = es_config_of(config).sigma_at
     for versions, sigma, digest, current in calls:
         (v,) = versions  # one lane per version
         assert digest == history[v], f"rows of version {v} generated with another θ (current version {current})"

@@ -87,8 +87,9 @@ def test_stale_members_are_rolled_out_with_their_own_versions_parameters(tmp_pat
     update made it and σ_v of the schedule. If stale rows ran the newest θ (or σ), async ES would silently be
     sync ES and every comparison of two runs of the same code would still agree. Episodes end after uneven step
     counts (else a tiny random policy runs every episode to max_steps in lockstep and no row is ever stale)."""
+    from run_settings import es_config_of
+
     import esjax.loop.rollout as rollout
-    from esjax.train.parts import build_es_config
 
     history = record_theta_history(monkeypatch)
     reward_by_trace(monkeypatch, rollout.RolloutEngine)
@@ -112,7 +113,7 @@ def test_stale_members_are_rolled_out_with_their_own_versions_parameters(tmp_pat
                                 "schedule.max_lag=1"])
     result = train(config, run_dir=tmp_path / "run")
     assert theta_moved(result.records) and len(set(history.values())) == 4  # θ_0 … θ_3 all differ
-    sigma_at = build_es_config(config).sigma_at
+    sigma_at = es_config_of(config).sigma_at
     stale = 0
     for versions, active, sigma, digest, current, _ in calls:
         (v,) = set(versions)  # one call serves one version
@@ -134,7 +135,7 @@ def test_evaluations_write_episode_traces(reference_run):
     from esjax.train.parts import build_shop
 
     run_dir = reference_run.run_dir
-    shop = build_shop(load_config(run_dir / "config.yaml"))
+    shop = build_shop(load_config(run_dir / "config.yaml").env)
     goals = list(shop.split("test"))[:6]
     evals = [r for r in reference_run.records if r["kind"] == "eval"]
     assert sorted(p.name for p in (run_dir / "traces").iterdir()) == [f"eval-v{r['version']}.jsonl" for r in evals]
@@ -279,16 +280,18 @@ def test_export_settings_keep_the_embedded_policys_prompt_style(tmp_path):
     from esjax.train.parts import build_policy, resolve_prompt_style
 
     config = load_config(None, ["model.source=embedded", "agent.prompt_style=auto", "env.max_steps=5"])
-    policy = build_policy(config, None)
-    assert policy.chat_template is not None and resolve_prompt_style(config, policy) == "compact"
+    policy = build_policy(config.model, None, config.run.seed)
+    assert policy.chat_template is not None and resolve_prompt_style(config.agent, policy, "embedded") == "compact"
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "esjax.json").write_text(json.dumps({"format": 1, "config": run_settings(config, policy)}))
     base, _, path = read_run_settings(tmp_path)
     reloaded = load_config(None, ["model.source=hf", f"model.path={tmp_path}"], base=base, base_source=str(path))
-    assert resolve_prompt_style(reloaded, policy) == "compact"  # not chat, although the model has a template
+    # not chat, although the model has a template
+    assert resolve_prompt_style(reloaded.agent, policy, reloaded.model.source) == "compact"
     assert reloaded.env.max_steps == 5 and reloaded.env.data == config.env.data
     without = load_config(None, ["model.source=hf", f"model.path={tmp_path}"])
-    assert resolve_prompt_style(without, policy) == "chat"  # what eval did before the export kept settings
+    # what eval did before the export kept settings
+    assert resolve_prompt_style(without.agent, policy, without.model.source) == "chat"
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])

@@ -145,7 +145,7 @@ def test_human_goal_set_is_selectable_on_real_data(tmp_path):
                      "instruction_options": []}] for i, asin in enumerate(asins)}
     path = tmp_path / "items_human_ins.json"
     path.write_text(json.dumps(human))
-    shop = build_shop(load_config(None, ["env.data=webshop_small", "env.goals=human", f"env.human_file={path}"]))
+    shop = build_shop(load_config(None, ["env.data=webshop_small", "env.goals=human", f"env.human_file={path}"]).env)
     assert len(shop.goals) == 3 and {g.kind for g in shop.goals} == {"human"}
     assert {g.asin for g in shop.goals} == set(asins)
     assert shop.goals[0].instruction_text.startswith("i need item number")
@@ -154,4 +154,4 @@ def test_human_goal_set_is_selectable_on_real_data(tmp_path):
     with pytest.raises(ConfigError, match="env.human_file"):
         load_config(None, ["env.data=webshop_small", "env.goals=human", f"env.human_file={tmp_path / 'none.json'}"])
     with pytest.raises(ConfigError, match="items_human_ins.json"):  # the packaged set has no human file
-        build_shop(load_config(None, ["env.data=webshop_small", "env.goals=human"]))
+        build_shop(load_config(None, ["env.data=webshop_small", "env.goals=human"]).env)
