@@ -23,11 +23,10 @@ from typing import TYPE_CHECKING, Any
 from esjax.agent.policy import LoadedPolicy, load_policy
 from esjax.agent.react import GenerateAgent
 from esjax.agent.webshop import WebShopAgent
-from esjax.config import (
+from esjax.config import Config, ConfigError
+from esjax.config.schema import (
     AgentSection,
     AllStaleSchedule,
-    Config,
-    ConfigError,
     ControlledSchedule,
     EnvSection,
     ESSection,
