@@ -54,7 +54,7 @@ for p in (ROOT, BENCH):
 SECTIONS = ["device", "smoke", "forward", "update_full", "update_floor", "plan_rollout", "plan_update_full",
             "plan_update_lowrank", "generation", "rollout"]
 #: --tiny leaves out the rollout section: it is benchmarks/rollout.py --quick, which has its own test
-#: (tests/test_benchmark_rollout.py) and would double the tiny run's time.
+#: (tests/benchmark_scripts/test_benchmark_rollout.py) and would double the tiny run's time.
 TINY_SECTIONS = [s for s in SECTIONS if s != "rollout"]
 MD_HEADING = "## Accelerator"
 
@@ -230,7 +230,7 @@ def section_device(sizes: Sizes) -> dict[str, Any]:
     import jax
     import jaxlib
 
-    from esjax.machine import machine_info
+    from esjax.rundir.machine import machine_info
 
     devices = jax.devices()
     d = devices[0]
@@ -625,7 +625,7 @@ def _run_section(name: str, sizes: Sizes, timeout: float, tiny: bool, fail: str 
 
 
 def run(sizes: Sizes, sections: list[str], tiny: bool, fail: str | None = None) -> dict[str, Any]:
-    from esjax.machine import machine_info
+    from esjax.rundir.machine import machine_info
 
     start = time.perf_counter()
     record: dict[str, Any] = {"tiny": tiny, "sizes": dataclasses.asdict(sizes), "started": _now(),
@@ -681,8 +681,9 @@ def markdown(record: dict[str, Any]) -> str:
     head = "tiny sizes on CPU: a smoke check of the script, not a measurement" if record["tiny"] else "measured"
     lines = [MD_HEADING, "",
              "`python benchmarks/accelerator.py` (one command; `--tiny` runs every section at tiny sizes on CPU and "
-             "is run by tests/test_accelerator_benchmark.py). Each section runs in its own subprocess; a failed "
-             "section is recorded without losing the rest; sections past the time budget are skipped.", "",
+             "is run by tests/benchmark_scripts/test_accelerator_benchmark.py). Each section runs in its own "
+             "subprocess; a failed section is recorded without losing the rest; sections past the time budget are "
+             "skipped.", "",
              f"Run: {record['started']}, commit {record['commit']}, device **{record['device']}**, host "
              f"{record['host']['cpu']} ({record['host']['cores']} cores, load {record['host']['loadavg']}); "
              f"{head}; total {record['total_s']:.0f} s of a {sz['budget_s']:.0f} s budget; "

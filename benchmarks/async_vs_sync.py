@@ -23,7 +23,7 @@ from pathlib import Path
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig
 from esjax.loop.schedules import Async, Controlled, Sync
 from esjax.loop.simulate import Durations, Empirical, LogNormal, Pareto, simulate
-from esjax.machine import cpu_model
+from esjax.rundir.machine import cpu_model
 
 SCHEDULES = [  # (label, schedule, K)
     ("async K=1", Async(), 1),
@@ -47,7 +47,7 @@ def real_loop_speedup(updates: int = 8, config_path: str = "configs/default.yaml
 
     from esjax.agent.policy import EMBEDDED_POLICY_DIR
     from esjax.config import load_config
-    from esjax.trainer import train
+    from esjax.train.session import train
 
     base = [f"run.updates={updates}", f"run.eval_every={10 * updates}", "env.eval_goals=1", "run.progress=false",
             f"run.checkpoint_every={10 * updates}"]

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from esjax.machine import cpu_model
+from esjax.rundir.machine import cpu_model
 
 # ---------------------------------------------------------------------------------------------------------
 # Measurements (run inside a subprocess)

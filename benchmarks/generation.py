@@ -27,9 +27,9 @@ import numpy as np
 
 from esjax.agent.lanes import Lane, RowState, Sampling, split_seed
 from esjax.es.noise import NoiseSpec
-from esjax.machine import cpu_model
 from esjax.model.config import ModelConfig
 from esjax.model.params import init_params, param_count
+from esjax.rundir.machine import cpu_model
 
 
 def _lane_with_rows(config, params, rows: int, prompt: int, length: int, sampling: Sampling, noise, sigma: float):

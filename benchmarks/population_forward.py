@@ -25,11 +25,11 @@ import numpy as np
 
 from esjax.agent.scoring import score_candidates
 from esjax.es.noise import NoiseSpec, Scope
-from esjax.machine import cpu_model
 from esjax.model.config import ModelConfig
 from esjax.model.decoder import forward_jit
 from esjax.model.params import init_params, param_count
 from esjax.model.perturb import Perturbation
+from esjax.rundir.machine import cpu_model
 
 #: mode name -> (noise mode, rank, scope kind); "plain" is always measured (the baseline). ``matrices``: the
 #: kernels and the embedding (tied: the head too); ``all``: also every norm scale and bias (dense deltas, one

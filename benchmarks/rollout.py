@@ -41,10 +41,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import esjax.agent.scoring as scoring  # noqa: E402
-import esjax.driver as driver  # noqa: E402
+import esjax.train.trainer as driver  # noqa: E402
 from esjax.config import load_config  # noqa: E402
 from esjax.loop.rollout import RolloutEngine, TickStats  # noqa: E402
-from esjax.machine import machine_info  # noqa: E402
+from esjax.rundir.machine import machine_info  # noqa: E402
 
 #: A ~30M-parameter Qwen2-shaped model (random weights: the throughput, not the policy, is measured).
 MODEL_30M = {"model_type": "qwen2", "vocab_size": 4096, "hidden_size": 512, "intermediate_size": 1536,
@@ -127,7 +127,7 @@ class Recorder:
 
 
 def run_config(config_path: str, overrides: list[str]) -> Any:
-    from esjax.trainer import train
+    from esjax.train.session import train
 
     config = load_config(config_path, overrides)
     with tempfile.TemporaryDirectory() as tmp:

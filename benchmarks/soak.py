@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envs.webshop_bridge import InProcessEnvPool, OraclePolicy, synthetic_shop  # noqa: E402
-from esjax.machine import cpu_model
+from esjax.rundir.machine import cpu_model
 
 
 def rss_bytes() -> int:

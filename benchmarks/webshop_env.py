@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from esjax.machine import cpu_model
+from esjax.rundir.machine import cpu_model
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

@@ -2,7 +2,7 @@
 
 Every error about the user's input or environment — a bad config key, model folder, mesh, run directory or
 checkpoint, a multi-process job that cannot form, a missing optional extra — derives from :class:`EsjaxError`, and
-the command-line entry points (:func:`esjax.cli_util.run_cli`) print any of them as one line ``error: <message>``
+the command-line entry points (:func:`esjax.cli.common.run_cli`) print any of them as one line ``error: <message>``
 with exit code 2, never a traceback. Each class lives beside the code that raises it; this module holds the base
 and :class:`UserError` for the cases no specific class covers. (``envs.webshop_bridge`` imports nothing from
 esjax: its ``DataError`` is caught by name.)

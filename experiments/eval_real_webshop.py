@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
 def run_label(run_dir: Path) -> str:
     """``cell/seed @ commit``: which run and which code (from its run.json), so a regenerated table needs no
     hand-written note saying what its ES rows were measured with."""
-    from esjax.rundir import read_run_info
+    from esjax.rundir.directory import read_run_info
 
     commit = (read_run_info(run_dir) or {}).get("git_commit") or "?"
     return f"{run_dir.parent.name}/{run_dir.name} @ {commit[:7]}"
@@ -40,7 +40,7 @@ def run_label(run_dir: Path) -> str:
 
 def run_evals(run_dir: Path) -> tuple[dict, dict]:
     """(first, last) evaluation records of a run directory."""
-    from esjax.metrics import read_metrics
+    from esjax.rundir.metrics import read_metrics
 
     evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "eval"]
     if not evals:
@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> dict:
     from envs.webshop_bridge import FirstHitPolicy, OraclePolicy, RandomPolicy, evaluate, load_webshop
     from esjax.agent.policy import load_policy
     from esjax.agent.webshop import WebShopAgent
-    from esjax.evaluate import evaluate_policy
-    from esjax.machine import machine_info
+    from esjax.rundir.machine import machine_info
+    from esjax.train.evaluate import evaluate_policy
 
     shop = load_webshop(args.data)
     goals = list(shop.split(args.split))[: args.goals]

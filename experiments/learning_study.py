@@ -97,7 +97,7 @@ def is_finished(run_dir: Path) -> bool:
 def finish_records(run_dir: Path) -> dict:
     """Behaviour before/after from the evaluation traces into ``behaviour.json``, then the run compacted
     (:func:`records.compact_run`: traces gzipped, checkpoints and plots dropped)."""
-    from esjax.traces import behaviour, first_and_last_traces
+    from esjax.rundir.traces import behaviour, first_and_last_traces
 
     out = {str(v): behaviour(lines) for v, lines in first_and_last_traces(run_dir / "traces").items()}
     (run_dir / "behaviour.json").write_text(json.dumps(out, indent=1) + "\n")
@@ -107,7 +107,7 @@ def finish_records(run_dir: Path) -> dict:
 
 def run_one(setting: str, seed: int, run_dir: Path, policy: Path | None = None) -> dict:
     from esjax.config import load_config
-    from esjax.trainer import train
+    from esjax.train.session import train
 
     overrides = [*SETTINGS[setting][1], *COMMON, f"run.seed={seed}", f"run.name={setting}-seed{seed}"]
     if policy is not None:  # a candidate starting policy (an HF folder) instead of the embedded one
@@ -135,7 +135,7 @@ BEHAVIOUR_KEYS = (("option_clicks_per_item_page", "option clicks / item page", "
 
 def collect(out: Path) -> dict[str, list[dict]]:
     """Every finished run under ``out``, by setting: seed, scores, success, seconds, commit, behaviour."""
-    from esjax.metrics import read_metrics
+    from esjax.rundir.metrics import read_metrics
 
     found: dict[str, list[dict]] = {}
     for status_file in sorted(out.glob("*/seed*/study.json")):

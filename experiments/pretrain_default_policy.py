@@ -152,7 +152,7 @@ def demonstrations(shop, goals, hasty: float, seed: int, max_steps: int = 15):
 
 
 def tokenizer_corpus(shop, steps):
-    from esjax.parts import shop_texts
+    from esjax.train.parts import shop_texts
 
     seen = set()
     for prompt, cands, _ in steps:
@@ -611,7 +611,7 @@ def main(argv: list[str] | None = None) -> dict:
     evals = []
     if args.eval_goals:
         from envs.webshop_bridge import RandomPolicy, evaluate
-        from esjax.evaluate import evaluate_policy
+        from esjax.train.evaluate import evaluate_policy
 
         for split in ("test", "eval"):
             goals = list(shop.split(split))[: args.eval_goals]

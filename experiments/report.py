@@ -67,7 +67,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from esjax.metrics_schema import cohort_lags  # noqa: E402
+from esjax.rundir.metrics_schema import cohort_lags  # noqa: E402
 from experiments.staleness_grid import DEFAULT_OUT, FRACTIONS, LAGS, Cell, all_cells  # noqa: E402
 
 DEFAULT_RESULTS = REPO / "experiments" / "results"

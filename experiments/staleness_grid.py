@@ -60,7 +60,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python experiments/staleness_grid.py` from anywhere
     sys.path.insert(0, str(REPO))
 
-from esjax.machine import machine_info  # noqa: E402
+from esjax.rundir.machine import machine_info  # noqa: E402
 from experiments.records import compact_run  # noqa: E402
 
 #: Runs go where they are committed (compacted once finished: experiments/records.py), so the study can span
@@ -245,7 +245,7 @@ def preset_of(run_dir: Path) -> str | None:
 def run_cell(cell: Cell, seed: int, run_dir: Path, base: Path, overrides: list[str]) -> dict:
     """Train one (cell, seed); resumes an interrupted run directory. Returns a small status dict."""
     from esjax.config import load_config
-    from esjax.trainer import train
+    from esjax.train.session import train
 
     config = load_config(base, [*overrides, f"run.seed={seed}", f"run.name={cell.name}-seed{seed}"])
     resume = (run_dir / "config.yaml").is_file()

@@ -2,6 +2,10 @@
 helpers several test files share: child-process environments (simulated CPU devices included), a runner
 for child Python processes, and free local ports.
 
+The tests live in one folder per package they test (``tests/es/``, ``tests/train/``, ``tests/webshop_bridge/``, …;
+file names stay unique across folders). Helper modules beside this file are importable from every test:
+``run_settings`` (the run settings training tests share), ``webshop_fixtures``, ``ray_fixtures`` and ``reliability``.
+
 The multi-device harness: JAX fixes its device count when it starts, so a test that needs a mesh of ``n``
 simulated CPU devices runs its script in a child process started by :func:`run_python` with
 ``devices=n`` (``XLA_FLAGS=--xla_force_host_platform_device_count=n``); the fixtures below hand these

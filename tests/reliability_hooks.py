@@ -38,8 +38,8 @@ def main(argv: list[str]) -> None:
         stall_in_save(int(arg), run_dir)
     else:
         raise SystemExit(f"unknown hook {hook!r}")
-    from esjax.cli_util import run_cli
-    from esjax.run import main as run_main
+    from esjax.cli.common import run_cli
+    from esjax.cli.run import main as run_main
 
     run_cli(run_main, rest)
 

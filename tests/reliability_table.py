@@ -107,7 +107,7 @@ killed which mutant, and the run's wall time) is [`tests/mutants.md`](tests/muta
 NOT_COVERED = """## Scope and limits
 
 - **Resume** is checked from *every* checkpoint of async, controlled and all-stale runs
-  (`tests/test_trainer_resume.py`: final θ bit for bit, `metrics.jsonl` record for record, one record per
+  (`tests/train/test_trainer_resume.py`: final θ bit for bit, `metrics.jsonl` record for record, one record per
   (kind, version)), so it does not depend on where a kill lands; the SIGKILL tests add real kills, at a
   checkpoint and inside a save. A resume re-runs the ticks after its checkpoint: work done after the last
   checkpoint is recomputed, not lost.

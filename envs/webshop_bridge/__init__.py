@@ -15,6 +15,7 @@ from .catalog import Catalog, ListCatalog
 from .data import Product, load_attribute_file, load_human_instructions, load_processed_jsonl, load_raw_products
 from .env import WebShopTextEnv, parse_action
 from .errors import DataError
+from .factory import ShopSpec, get_shop
 from .fuzzy import fuzzy_match, token_set_ratio
 from .goals import Goal, make_splits
 from .normalize import COLOR_SET, normalize_color
@@ -39,7 +40,7 @@ from .pool import InProcessEnvPool
 from .process_pool import ProcessEnvPool
 from .reward import RewardInfo, compute_reward
 from .search import SearchEngine, analyze
-from .shop import PACKAGED_DATA, Shop, ShopSpec, get_shop, load_webshop, resolve_data
+from .shop import PACKAGED_DATA, Shop, load_webshop, resolve_data
 from .synthetic import SyntheticCatalog, SyntheticGoals, synthetic_shop
 
 __all__ = [

@@ -4,7 +4,7 @@
 :class:`~envs.webshop_bridge.process_pool.ProcessEnvPool` splits sessions across worker processes that each
 build the shop from a picklable :class:`ShopSpec` (once per worker) — for CPU-heavy use where one core cannot
 keep up. Both (and
-``esjax.envpool_ray.RayEnvPool``) share one batched API, the one the trainer's rollout engine drives
+``esjax.parallel.envpool_ray.RayEnvPool``) share one batched API, the one the trainer's rollout engine drives
 (``esjax.loop.protocols.EnvPool``): ``reset_rows(rows, goals)``, ``step(actions, timeout=None)`` with one
 action per session (None = leave that session alone this tick), ``available_actions(rows)`` and
 ``instructions(rows)``, each answering in row order; ``reset(goals)`` resets every session.

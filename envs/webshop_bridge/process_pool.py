@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .factory import ShopSpec, get_shop
 from .pool import InProcessEnvPool, StepResult, collect_step, failed_step
-from .shop import ShopSpec, get_shop
 
 
 def _worker(conn, spec: ShopSpec, n: int, env_kwargs: dict) -> None:

@@ -1,14 +1,13 @@
 """A Shop: one catalog, its drawn prices, goals, splits and search engine — what sessions share.
 
 ``load_webshop`` reads WebShop's files (raw ``items_shuffle*.json`` or the processed JSONL, plus
-``items_ins_v2*.json`` and optionally ``items_human_ins.json``). ``ShopSpec`` is a picklable recipe
-so worker processes can build (and cache) the same shop.
+``items_ins_v2*.json`` and optionally ``items_human_ins.json``). Building a shop from a picklable recipe
+(``ShopSpec``, ``get_shop``) lives in :mod:`envs.webshop_bridge.factory`.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,41 +132,3 @@ def load_webshop(path: str | os.PathLike, *, attributes_file: str | os.PathLike 
                 engine=engine, name=f"webshop:{products_file.name}", human_goals=human_set,
                 source={"products_file": str(products_file), "attributes_file": str(attributes_file),
                         "human_file": str(human_file) if human_file else None, "seed": seed})
-
-
-@dataclass(frozen=True)
-class ShopSpec:
-    """A picklable recipe for a Shop: ``kind`` is 'webshop' (``path``; ``num_products`` None = all; ``goals``
-    and ``human_file`` as in :func:`load_webshop`) or 'synthetic' (``num_products``, default 300)."""
-
-    kind: str = "synthetic"
-    path: str | None = None
-    num_products: int | None = None
-    seed: int = 0
-    goals: str = "templated"
-    human_file: str | None = None
-
-    def build(self) -> Shop:
-        if self.kind == "webshop":
-            if self.path is None:
-                raise ValueError("ShopSpec(kind='webshop') needs a path")
-            return load_webshop(self.path, num_products=self.num_products, seed=self.seed, goals=self.goals,
-                                human_file=self.human_file)
-        if self.kind == "synthetic":
-            from .synthetic import synthetic_shop
-
-            return synthetic_shop(self.num_products or 300, seed=self.seed)
-        raise ValueError(f"ShopSpec.kind must be 'webshop' or 'synthetic', got {self.kind!r}")
-
-
-_SHOPS: dict[ShopSpec, Shop] = {}
-_SHOPS_LOCK = threading.Lock()
-
-
-def get_shop(spec: ShopSpec) -> Shop:
-    """The process-wide Shop for ``spec`` (built on first use, then shared)."""
-    with _SHOPS_LOCK:
-        shop = _SHOPS.get(spec)
-        if shop is None:
-            shop = _SHOPS[spec] = spec.build()
-        return shop

@@ -35,6 +35,7 @@ import numpy as np
 from .data import Product
 from .goals import NO_CEILING, Goal, make_splits, option_text
 from .search import SearchEngine, analyze, get_engine
+from .shop import Shop
 
 GENERATOR_VERSION = 1
 MAX_ATTRS = 4
@@ -605,10 +606,8 @@ def default_synthetic_splits(num_goals: int) -> list[tuple[str, int]]:
 
 
 def synthetic_shop(num_products: int = 300, seed: int = 0, *, splits=None,
-                   cache_dir: str | os.PathLike | None | bool = None):
+                   cache_dir: str | os.PathLike | None | bool = None) -> Shop:
     """A synthetic Shop (catalog, prices, goals, splits, search engine), deterministic in ``seed``."""
-    from .shop import Shop
-
     catalog = SyntheticCatalog(num_products, seed)
     goals = SyntheticGoals(catalog, seed)
     engine = get_engine(catalog.fingerprint(), catalog.build_search_engine, len(catalog), cache_dir)

@@ -11,16 +11,14 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
 import optax
 
 from esjax.es.gradient import Draws, leaf_noise_sums, scoped_leaves, zero_gradient
-
-if TYPE_CHECKING:
-    from esjax.es.step import ESConfig, ESState
+from esjax.es.noise import NoiseSpec
 
 PyTree = Any
 
@@ -66,12 +64,12 @@ def _group_state(tx: optax.GradientTransformation, sub_params: PyTree, state: di
     return jax.tree_util.tree_unflatten(treedef, [state[k] for k in keys])
 
 
-def _step_group(config: ESConfig, tx, paths: list[str], in_scope: list[bool], sub_params: PyTree, sub_state,
+def _step_group(noise: NoiseSpec, tx, paths: list[str], in_scope: list[bool], sub_params: PyTree, sub_state,
                 draws: Draws | None, after: jax.Array | None):
     """Gradient, optimizer step and new θ of one group: ``(new θ leaves, new state, |g|², |update|² per leaf)``."""
     leaves, treedef = jax.tree_util.tree_flatten(sub_params)
     scoped = [(p, x) for p, x, s in zip(paths, leaves, in_scope) if s]
-    sums = iter(leaf_noise_sums(config.noise, scoped, draws, after))
+    sums = iter(leaf_noise_sums(noise, scoped, draws, after))
     grad = [next(sums) if s else zero_gradient(x) for x, s in zip(leaves, in_scope)]
     descent = jax.tree_util.tree_unflatten(treedef, [-g for g in grad])  # the decays are transforms of the chain
     updates, new_state = tx.update(descent, sub_state, sub_params)
@@ -80,27 +78,27 @@ def _step_group(config: ESConfig, tx, paths: list[str], in_scope: list[bool], su
     return new_params, new_state, [squared(g) for g in grad], [squared(u) for u in jax.tree_util.tree_leaves(updates)]
 
 
-def grouped_step(config: ESConfig, state: ESState, draws: Draws | None):
-    """The optimizer step on ``-g``, one group of leaves (:meth:`ESConfig.update_groups`) after another.
+def grouped_step(tx: optax.GradientTransformation, noise: NoiseSpec, groups: list[list[int]], params: PyTree,
+                 opt_state: optax.OptState, draws: Draws | None):
+    """The optimizer step on ``-g`` (optimizer ``tx``, noise ``noise``), one group of leaf indices of ``groups``
+    (:meth:`ESConfig.update_groups`) after another, from θ = ``params`` and ``opt_state``.
 
     Why: a float32 gradient of every leaf at once is 4x θ in bf16 (twice that with its temporary), the update's
     peak. A group's sums wait for the previous group's ``|update|²`` (:func:`~esjax.es.gradient.leaf_noise_sums`'
     ``after``: a data dependency, which XLA keeps; an ``optimization_barrier`` did not order them on CPU), so at
     most one group's float32 gradient is alive. Every leaf sums the same draws in the same order and the
     optimizer is per-leaf, so the result equals one group of every leaf (bit for bit for SGD, momentum and the
-    decays; see ``tests/test_es_update.py`` for Adam). Returns ``(params, opt_state, |g|², |update|²)``.
+    decays; see ``tests/es/test_es_update.py`` for Adam). Returns ``(params, opt_state, |g|², |update|²)``.
     """
-    tx = config.get_optimizer()
-    leaves, in_scope, treedef = scoped_leaves(config.noise, state.params)
-    state_keys, state_leaves, state_treedef = _keyed(state.opt_state)
+    leaves, in_scope, treedef = scoped_leaves(noise, params)
+    state_keys, state_leaves, state_treedef = _keyed(opt_state)
     old_state = dict(zip(state_keys, state_leaves))
-    groups = config.update_groups(state.params)
     flat = [x for _, x in leaves]
     results: list[Any] = []  # per group: (new θ leaves, new state, |g|², |update|²)
     after = None  # Σ |update|² of the groups so far: each group waits for all before it
     for group in groups:
         sub_params = jax.tree_util.tree_unflatten(treedef, [x if i in group else None for i, x in enumerate(flat)])
-        results.append(_step_group(config, tx, [leaves[i][0] for i in group], [in_scope[i] for i in group],
+        results.append(_step_group(noise, tx, [leaves[i][0] for i in group], [in_scope[i] for i in group],
                                    sub_params, _group_state(tx, sub_params, old_state), draws, after))
         after = functools.reduce(operator.add, results[-1][3], 0.0 if after is None else after)
 

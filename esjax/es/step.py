@@ -262,7 +262,9 @@ def _update(config: ESConfig, state: ESState, versions, indices, fitness,
     coefs = member_coefficients(config, versions, weights, valid)
     n = versions.shape[0]
     draws = chunked_draws(config.noise, versions, indices, coefs, config.get_chunk_size(state.params, n))
-    params, opt_state, grad_sq, update_sq = grouped_step(config, state, draws)
+    groups = config.update_groups(state.params)
+    params, opt_state, grad_sq, update_sq = grouped_step(config.get_optimizer(), config.noise, groups, state.params,
+                                                         state.opt_state, draws)
 
     finite = jnp.where(valid, fitness, 0.0)
     nv = jnp.maximum(n_valid, 1).astype(jnp.float32)

@@ -46,7 +46,7 @@ import numpy as np
 
 from esjax.loop.schedules import Schedule
 from esjax.loop.tasks import TaskSampler
-from esjax.loop.types import Cohort, Job, Member, Result, TaskBatch, UpdateFn, UpdateRecord, Verdict
+from esjax.loop.types import Cohort, Finished, Job, Member, Result, TaskBatch, UpdateFn, UpdateRecord, Verdict
 
 DISCARD_REASONS = ("too_stale", "schedule", "nonfinite", "abandoned", "rejected_update")
 
@@ -85,17 +85,6 @@ class CoordinatorConfig:
     @property
     def tasks(self) -> TaskSampler:
         return TaskSampler(self.seed, self.train_size, self.tasks_per_member)
-
-
-@dataclasses.dataclass
-class Finished:
-    """A result the coordinator holds: in the held buffer (not yet triaged) or in the open cohort."""
-
-    job_id: int
-    version: int
-    index: int
-    fitness: float
-    duration: float
 
 
 @dataclasses.dataclass
@@ -169,7 +158,7 @@ class Coordinator:
 
     def __init__(self, config: CoordinatorConfig, schedule: Schedule, *, state: CoordinatorState | None = None
                  ) -> None:
-        schedule.validate(config)
+        schedule.validate(config.max_lag)
         self.config = config
         self.schedule = schedule
         self.state = state if state is not None else CoordinatorState(lag_hist=[0] * (config.max_lag + 1))
@@ -184,11 +173,16 @@ class Coordinator:
         self.rejections: list[dict[str, Any]] = []
 
     # ---------------------------------------------------------------------------------------------------
-    # Read-only views (what schedules and drivers look at)
+    # Read-only views (what schedules and drivers look at; schedules see only a
+    # :class:`~esjax.loop.schedules.CoordinatorView`: version, population, max_lag, seed and the counts)
     # ---------------------------------------------------------------------------------------------------
     @property
     def version(self) -> int:
         return self.state.version
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
 
     @property
     def population(self) -> int:

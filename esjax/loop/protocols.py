@@ -16,7 +16,7 @@ class EnvPool(Protocol):
     """A fixed set of env sessions (rows ``0 .. len - 1``) driven in batches, in this process or elsewhere.
 
     The WebShop bridge's ``EnvPool`` (in-process) and ``ProcessEnvPool`` (worker processes) and
-    ``esjax.envpool_ray.RayEnvPool`` (Ray actors) implement it; every answer is in the order of the rows asked.
+    ``esjax.parallel.envpool_ray.RayEnvPool`` (Ray actors) implement it; every answer is in the order of the rows asked.
     """
 
     def __len__(self) -> int: ...

@@ -1,6 +1,8 @@
 """Schedules: where to dispatch and which finished results to release — small classes, not loop edits.
 
-A schedule answers two questions for the :class:`~esjax.loop.coordinator.Coordinator`:
+A schedule answers two questions for the :class:`~esjax.loop.coordinator.Coordinator`, which it sees only
+through a small read-only :class:`CoordinatorView` (t, N, K, the seed and counts of held, in-flight and
+accepted members):
 
 * ``dispatch_versions(coord, free_slots)``: the versions to start new members at now (at most
   ``free_slots``; the coordinator assigns indices and task batches). Only live versions t−K … t are allowed.
@@ -39,15 +41,44 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 from esjax.loop.tasks import hash_uniform
-from esjax.loop.types import Verdict
-
-if TYPE_CHECKING:
-    from esjax.loop.coordinator import Coordinator, CoordinatorConfig, Finished
+from esjax.loop.types import Finished, Verdict
 
 _TAG_EXTREME = 0xE7A6
+
+
+class CoordinatorView(Protocol):
+    """What a schedule may read of the coordinator (:class:`~esjax.loop.coordinator.Coordinator` is one)."""
+
+    @property
+    def version(self) -> int:
+        """t, the current version."""
+
+    @property
+    def population(self) -> int:
+        """N, accepted members per update."""
+
+    @property
+    def max_lag(self) -> int:
+        """K, the largest accepted lag."""
+
+    @property
+    def seed(self) -> int:
+        """The run's task/schedule seed."""
+
+    def inflight_at(self, version: int) -> int:
+        """Members dispatched at ``version`` still running."""
+
+    def held_at(self, version: int) -> int:
+        """Finished members of ``version`` held back, not yet triaged."""
+
+    def cohort_size(self) -> int:
+        """Members accepted into the open cohort."""
+
+    def cohort_count(self, lag: int) -> int:
+        """Members of the open cohort with this lag."""
 
 
 class Schedule(Protocol):
@@ -59,13 +90,13 @@ class Schedule(Protocol):
     name: str
     dispatch_window: int
 
-    def validate(self, config: CoordinatorConfig) -> None:
-        """Raise ValueError if this schedule cannot run under ``config`` (e.g. its lag exceeds K)."""
+    def validate(self, max_lag: int) -> None:
+        """Raise ValueError if this schedule cannot run with K = ``max_lag`` (e.g. its lag exceeds K)."""
 
-    def dispatch_versions(self, coord: Coordinator, free_slots: int) -> list[int]:
+    def dispatch_versions(self, coord: CoordinatorView, free_slots: int) -> list[int]:
         """Versions at which to dispatch new members now; at most ``free_slots`` of them."""
 
-    def triage(self, coord: Coordinator, result: Finished) -> Verdict:
+    def triage(self, coord: CoordinatorView, result: Finished) -> Verdict:
         """ACCEPT / HOLD / DISCARD one finished result at the current version."""
 
 
@@ -85,15 +116,15 @@ class Sync:
     name: ClassVar[str] = "sync"
     dispatch_window: ClassVar[int] = 0
 
-    def validate(self, config: CoordinatorConfig) -> None:
+    def validate(self, max_lag: int) -> None:
         pass
 
-    def dispatch_versions(self, coord: Coordinator, free_slots: int) -> list[int]:
+    def dispatch_versions(self, coord: CoordinatorView, free_slots: int) -> list[int]:
         t = coord.version
         need = coord.population - coord.cohort_size() - coord.inflight_at(t) - coord.held_at(t)
         return [t] * max(0, min(free_slots, need))
 
-    def triage(self, coord: Coordinator, result: Finished) -> Verdict:
+    def triage(self, coord: CoordinatorView, result: Finished) -> Verdict:
         return Verdict.ACCEPT
 
 
@@ -105,13 +136,13 @@ class Async:
     name: ClassVar[str] = "async"
     dispatch_window: ClassVar[int] = 0
 
-    def validate(self, config: CoordinatorConfig) -> None:
+    def validate(self, max_lag: int) -> None:
         pass
 
-    def dispatch_versions(self, coord: Coordinator, free_slots: int) -> list[int]:
+    def dispatch_versions(self, coord: CoordinatorView, free_slots: int) -> list[int]:
         return [coord.version] * free_slots
 
-    def triage(self, coord: Coordinator, result: Finished) -> Verdict:
+    def triage(self, coord: CoordinatorView, result: Finished) -> Verdict:
         return Verdict.ACCEPT
 
 
@@ -145,9 +176,9 @@ class Controlled:
         if not 0.0 <= self.fraction <= 1.0:
             raise ValueError(f"{self.name}: fraction must be in [0, 1], got {self.fraction}")
 
-    def validate(self, config: CoordinatorConfig) -> None:
-        if self.lag > config.max_lag:
-            raise ValueError(f"{self.name}: lag {self.lag} exceeds max_lag K={config.max_lag}")
+    def validate(self, max_lag: int) -> None:
+        if self.lag > max_lag:
+            raise ValueError(f"{self.name}: lag {self.lag} exceeds max_lag K={max_lag}")
 
     def quotas(self, population: int, version: int) -> tuple[int, int]:
         """(fresh, stale) members cohort ``version`` takes; warm-up cohorts are all fresh."""
@@ -156,7 +187,7 @@ class Controlled:
             return population, 0
         return population - m, m
 
-    def triage(self, coord: Coordinator, result: Finished) -> Verdict:
+    def triage(self, coord: CoordinatorView, result: Finished) -> Verdict:
         t, n, k = coord.version, coord.population, self.lag
         lag = t - result.version
         fresh, stale = self.quotas(n, t)
@@ -168,7 +199,7 @@ class Controlled:
             return Verdict.HOLD  # fits cohort result.version + k as a stale member
         return Verdict.DISCARD
 
-    def dispatch_versions(self, coord: Coordinator, free_slots: int) -> list[int]:
+    def dispatch_versions(self, coord: CoordinatorView, free_slots: int) -> list[int]:
         t, n, k = coord.version, coord.population, self.lag
         m = stale_count(self.fraction, n) if k > 0 else 0
         out: list[int] = []
@@ -224,9 +255,9 @@ class ExtremeLag:
         if self.max_lag < 1:
             raise ValueError(f"extreme_lag: max_lag must be >= 1, got {self.max_lag}")
 
-    def validate(self, config: CoordinatorConfig) -> None:
-        if self.max_lag > config.max_lag:
-            raise ValueError(f"extreme_lag: max_lag {self.max_lag} exceeds the coordinator's K={config.max_lag}")
+    def validate(self, max_lag: int) -> None:
+        if self.max_lag > max_lag:
+            raise ValueError(f"extreme_lag: max_lag {self.max_lag} exceeds the coordinator's K={max_lag}")
 
     def target_lag(self, seed: int, version: int, index: int) -> int:
         """The lag drawn for member (version, index): 0 for the undelayed majority."""
@@ -234,11 +265,11 @@ class ExtremeLag:
             return 0
         return 1 + int(hash_uniform(seed, _TAG_EXTREME + 1, version, index) * self.max_lag)
 
-    def dispatch_versions(self, coord: Coordinator, free_slots: int) -> list[int]:
+    def dispatch_versions(self, coord: CoordinatorView, free_slots: int) -> list[int]:
         return [coord.version] * free_slots
 
-    def triage(self, coord: Coordinator, result: Finished) -> Verdict:
-        target = self.target_lag(coord.config.seed, result.version, result.index)
+    def triage(self, coord: CoordinatorView, result: Finished) -> Verdict:
+        target = self.target_lag(coord.seed, result.version, result.index)
         return Verdict.HOLD if coord.version - result.version < target else Verdict.ACCEPT
 
 

@@ -62,6 +62,17 @@ class Result:
     duration: float = 0.0
 
 
+@dataclasses.dataclass
+class Finished:
+    """A result the coordinator holds: in the held buffer (not yet triaged) or in the open cohort."""
+
+    job_id: int
+    version: int
+    index: int
+    fitness: float
+    duration: float
+
+
 @dataclasses.dataclass(frozen=True)
 class Cohort:
     """Exactly N accepted members, to be applied to θ at ``version`` (= the current t).

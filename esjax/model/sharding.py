@@ -108,6 +108,12 @@ def mesh_from_config(mesh_config: Any = None, devices: list[Any] | None = None) 
         data, model = int(mesh_config.get(DATA, 0)), int(mesh_config.get(MODEL, 1))
     else:
         data, model = int(getattr(mesh_config, DATA, 0)), int(getattr(mesh_config, MODEL, 1))
+    return mesh_of(data, model, devices)
+
+
+def mesh_of(data: int, model: int, devices: list[Any] | None = None) -> Mesh:
+    """The mesh of ``data`` × ``model`` devices (``data=0``: every device not used by ``model``), devices in
+    ``jax.devices()`` order (see :func:`mesh_from_config`)."""
     devices = list(devices if devices is not None else jax.devices())
     data, model = mesh_shape(data, model, len(devices))
     return make_mesh(data, model, devices)

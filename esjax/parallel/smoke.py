@@ -166,7 +166,7 @@ def _checkpoint_roundtrip(directory: str, state: Any, coord: Any) -> None:
     """Save collectively, restore into the same shardings, and insist nothing changed."""
     import jax
 
-    from esjax.checkpoint import Checkpointer
+    from esjax.rundir.checkpoint import Checkpointer
 
     ckpt = Checkpointer(directory)
     ckpt.save(int(state.version), state, coord.state_dict())

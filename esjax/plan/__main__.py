@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from esjax.cli_util import run_cli
+from esjax.cli.common import run_cli
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,7 +32,7 @@ is planned as the largest over the groups ``g`` of ::
 of each, the draws of at most 8,192 elements padded to the largest of them, as
 :func:`esjax.es.noise.batched_pair_noise` draws them).
 Before, the update held ``2 · Σ_g G_g``: the float32 gradient of every leaf at once.
-``tests/test_scale_plan.py``
+``tests/plan/test_scale_plan.py``
 checks the formula against XLA's memory analysis of the compiled update of a small Qwen2-shaped model and
 ``benchmarks/update_memory.py`` measures a 72.6M-parameter one (BENCHMARKS.md, "ES update").
 """

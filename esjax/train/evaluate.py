@@ -1,0 +1,65 @@
+"""Greedy evaluation of an unperturbed policy on a fixed goal set, with continuous batching.
+
+Shared by ``python -m esjax.eval`` and the embedded policy's scripts; the trainer runs the same greedy
+episodes interleaved with training rollouts instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from esjax.agent.react import GenerateAgent
+from esjax.agent.webshop import WebShopAgent
+from esjax.es.noise import NoiseSpec
+from esjax.loop.rollout import RolloutEngine
+from esjax.model.config import ModelConfig
+from esjax.rundir.stats import eval_intervals
+from esjax.rundir.traces import TraceRecorder
+
+
+def evaluate_policy(model_config: ModelConfig, params: Any, agent: WebShopAgent | GenerateAgent, shop: Any,
+                    goals: list[int], max_steps: int, batch: int = 256, traces: bool = False,
+                    max_new_tokens: int = 32, engine_cls: type[RolloutEngine] = RolloutEngine) -> dict[str, Any]:
+    """Score (100 × mean reward), success rate (share of reward 1.0), their 95% intervals over goals, and per
+    goal: the goal index, reward and success flag. ``traces``: also each episode's trace line
+    (:mod:`esjax.rundir.traces`) under ``"traces"``, in goal order. A :class:`GenerateAgent` writes its actions
+    (generate mode, greedy, replies of up to ``max_new_tokens`` tokens). ``engine_cls``: the scoring agent's
+    engine, a :class:`RolloutEngine` subclass to change how actions are picked (experiments/headroom.py)."""
+    from envs.webshop_bridge import InProcessEnvPool
+
+    pool = InProcessEnvPool(shop, max(1, min(batch, len(goals))))
+    if isinstance(agent, GenerateAgent):
+        from esjax.agent.lanes import Sampling
+        from esjax.loop.generate import GenerateEngine
+
+        engine = GenerateEngine(pool, agent, model_config, NoiseSpec(), lambda v: 0.0, max_steps, Sampling(),
+                                max_new_tokens, max_prompt_tokens=agent.max_prompt_tokens)
+    else:
+        engine = engine_cls(pool, agent, model_config, NoiseSpec(), lambda v: 0.0, max_steps, temperature=0.0)
+    recorder = TraceRecorder() if traces else None
+    lines: list[dict[str, Any] | None] = [None] * len(goals)
+    rewards = np.zeros(len(goals))
+    started = 0
+    while started < len(goals) or engine.live:
+        while started < len(goals) and engine.free:
+            engine.start("eval", owner=0, version=0, index=0, goal=goals[started], position=started, sampling_seed=0,
+                         greedy=True)
+            started += 1
+        finished, _ = engine.tick(lambda v: params)
+        if recorder is not None:
+            for episode in (*engine.live.values(), *finished):
+                recorder.observe(episode.position, episode)
+        for episode in finished:
+            rewards[episode.position] = episode.reward
+            if recorder is not None:
+                lines[episode.position] = recorder.line(episode.position, episode, episode.reward, max_steps,
+                                                        position=episode.position)
+    out = {"score": float(100 * rewards.mean()) if len(goals) else 0.0,
+           "success_rate": float(np.mean(rewards == 1.0)) if len(goals) else 0.0,
+           **eval_intervals(rewards.tolist()), "goals": len(goals), "goal_indices": [int(g) for g in goals],
+           "rewards": rewards.tolist(), "success": (rewards == 1.0).tolist()}
+    if recorder is not None:
+        out["traces"] = lines
+    return out

@@ -1,0 +1,358 @@
+"""Generate mode (``agent.mode: generate``): the policy writes each WebShop action.
+
+* action parsing and the invalid-action feedback of :mod:`esjax.agent.react`;
+* decode lanes (:mod:`esjax.agent.lanes`): greedy generation equals ``esjax.agent.generation.generate``, also
+  when rows join a lane at different decode steps and the cache is shifted; per-row ES members (low-rank and
+  full) equal generation with explicitly perturbed parameters (``esjax.es.noise.perturbed_params``) on a tiny
+  random HF model loaded back from disk;
+* the engine (:mod:`esjax.loop.generate`) on the packaged real WebShop data: episodes are deterministic, every
+  member of a version draws from the same sampling stream (common random numbers), invalid actions are
+  WebShop's no-op and are counted;
+* the trainer: resuming from every checkpoint is bit-identical (θ, metrics records, evaluation traces with
+  every sampled reply), and ``python -m esjax.run --config configs/generate-tiny.yaml`` runs end to end.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from esjax.agent.generation import generate
+from esjax.agent.lanes import PREFILL_BUCKETS, Lane, RowState, Sampling, generate_rows, split_seed
+from esjax.agent.react import GenerateAgent
+from esjax.es.noise import NoiseSpec, perturbed_params
+from esjax.model.params import init_params
+from esjax.model.testing import tiny_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# ------------------------------------------------------------------------------------------------ the agent
+class _WordTokenizer:
+    """Enough of a tokenizer for parsing tests."""
+
+    def get_vocab(self):
+        return {"]": 0, "a": 1}
+
+
+def test_parse_takes_the_first_action_in_webshop_grammar():
+    agent = GenerateAgent(_WordTokenizer())
+    assert agent.closing_ids == frozenset({0})
+    assert agent.parse("search[Red Shirt]") == ("search[Red Shirt]", "search[Red Shirt]", True)
+    assert agent.parse("Thought: cheap one.\nAction: Click[B01 XYZ] and more")[1:] == ("click[B01 XYZ]", True)
+    assert agent.parse("Thought: x\nAction: click[buy now]\n")[0] == "Thought: x\nAction: click[buy now]"
+    # arguments as written, as WebShop takes them: `search[ ]` searches for ' ', `click[ buy now ]` is not Buy Now
+    assert agent.parse("search[ ]")[1:] == ("search[ ]", True)
+    assert agent.parse("Action: click[ buy now ]")[1:] == ("click[ buy now ]", True)
+    reply, action, parsed = agent.parse("I would buy it\nsecond line")
+    assert (action, parsed) == ("I would buy it", False)  # sent as it is: the env's no-op
+    assert agent.complete("click[next >]") and not agent.complete("click[next >")
+
+
+def test_invalid_action_feedback_reaches_the_next_prompt():
+    agent = GenerateAgent(_WordTokenizer())
+    memory = agent.new_memory("find a red shirt")
+    agent.remember(memory, "blah", "blah", {"valid": False, "invalid_reason": "not of the form search[...]"})
+    text = agent.prompt_text("WebShop [SEP] Search", {"has_search_bar": True, "clickables": ["search"]}, memory)
+    assert "was invalid (not of the form search[...])" in text and "search[<query>]" in text
+    assert "click[search]" not in text
+    agent.remember(memory, "search[red shirt]", "search[red shirt]", {"valid": True})
+    text = agent.prompt_text("results", {"clickables": ["b01", "next >"]}, memory)
+    assert "invalid" not in text and "click[b01], click[next >]" in text and "blah ; search[red shirt]" in text
+
+
+# ------------------------------------------------------------------------------------------------ decode lanes
+@pytest.fixture(scope="module")
+def tiny():
+    config = tiny_config()
+    return config, init_params(config, jax.random.key(0))
+
+
+PROMPTS = [[3, 4, 5, 6], [7, 8, 9, 10, 11, 12, 13], [5], list(range(20, 37))]
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_lane_greedy_equals_generate(tiny, steps):
+    config, params = tiny
+    want = generate(config, params, PROMPTS, max_new_tokens=10, stop_token_ids=[])
+    got = generate_rows(config, params, PROMPTS, max_new_tokens=10, greedy=[True] * len(PROMPTS), steps=steps)
+    assert got == want
+
+
+def test_rows_joining_at_different_steps_with_shifts(tiny):
+    """Rows enter a short lane at different decode steps; the cache shifts several times; each row still
+    generates what it generates alone."""
+    config, params = tiny
+    prompts = PROMPTS + PROMPTS[::-1]
+    want = generate(config, params, prompts, max_new_tokens=12, stop_token_ids=[])
+    lane = Lane(config, 2, PREFILL_BUCKETS.length(17) + 12 + 2, params["embed"]["embedding"].dtype, Sampling())
+    out: dict = {}
+    queue = list(range(len(prompts)))
+    shifts = 0
+    while queue or lane.states:
+        entries = []
+        while queue and len(lane.states) + len(entries) < 2:
+            r = queue.pop(0)
+            slot = next(s for s in range(lane.rows) if s not in lane.states and s not in [e[0] for e in entries])
+            entries.append((slot, prompts[r], RowState((0, 0, False), *split_seed(r), True)))
+            out[slot] = out.get(slot, [])
+            out[(slot, "row")] = r
+        before = lane.index
+        first = lane.prefill(params, None, 0.0, entries, 2)
+        if first is not None:
+            for (slot, _, _), token in zip(entries, np.asarray(first)):
+                out[slot] = [int(token)]
+        tokens = np.asarray(lane.decode(params, None, 0.0, 2, prefilled=first is not None))
+        shifts += lane.index < before + 2
+        for slot in list(lane.states):
+            out[slot].extend(int(t) for t in tokens[slot])
+            lane.states[slot].cur = out[slot][-1]
+            if len(out[slot]) >= 12:
+                assert out[slot][:12] == want[out[(slot, "row")]]
+                lane.release(slot)
+    assert shifts >= 1
+
+
+@pytest.fixture(scope="module")
+def hf_policy(tmp_path_factory):
+    pytest.importorskip("torch")
+    from esjax.agent.policy import load_policy
+    from esjax.model.testing import make_hf_checkpoint
+
+    path = tmp_path_factory.mktemp("tiny-hf")
+    make_hf_checkpoint(path, "qwen2", tied=False, vocab_size=128, hidden_size=32, intermediate_size=48)
+    return load_policy("hf", str(path))
+
+
+#: Words of the action tokenizer: whole actions ("search[shirt]"), action heads and tails, page words. A random
+#: model writing these ends its replies after a random number of tokens (a complete action or <|im_end|>), so
+#: rows fall out of step and checkpoints catch replies in progress.
+_WORDS = ["red", "blue", "green", "shirt", "pants", "size", "large", "small", "cotton", "pillow", "price", "dollars",
+          "buy", "now", "next", "back", "to"]
+ACTION_WORDS = ([f"search[{w}]" for w in _WORDS] + [f"click[{w}]" for w in _WORDS] + ["click[next >]", "shirt]",
+                "search[", "click[", "[SEP]"] + _WORDS
+                + ["search", "page", "results", "instruction:", "observation:", "available", "actions:", "reply",
+                   "with", "the", "action", "only", "find", "me", "and", "lower", "than", "color:", "item", "you",
+                   "are"])
+
+
+def _action_checkpoint(path: Path) -> Path:
+    """A tiny random HF Qwen2 checkpoint whose word-level vocabulary holds WebShop actions (see ACTION_WORDS)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from esjax.model.testing import make_hf_checkpoint
+
+    make_hf_checkpoint(path, "qwen2", tied=False, vocab_size=128, hidden_size=32, intermediate_size=48)
+    specials = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    words = list(dict.fromkeys(specials + ACTION_WORDS))
+    assert len(words) <= 128
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    tok.save(str(path / "tokenizer.json"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def action_policy(tmp_path_factory):
+    pytest.importorskip("torch")
+    from esjax.agent.policy import load_policy
+
+    return load_policy("hf", str(_action_checkpoint(tmp_path_factory.mktemp("action-hf"))))
+
+
+@pytest.mark.parametrize("mode", ["lowrank", "full"])
+def test_member_rows_equal_explicitly_perturbed_params(hf_policy, mode):
+    config, params = hf_policy.config, hf_policy.params
+    spec = NoiseSpec(seed=3, mode=mode, rank=1)
+    sigma = 0.5
+    members = [(0, 0, True), (0, 1, True), (2, 5, True), (0, 0, False)]
+    prompts = [[5, 6, 7, 8], [5, 6, 7, 8], [9, 10, 11], [5, 6, 7, 8]]
+    sampling = Sampling(temperature=1.0, top_p=0.95, top_k=40)
+    seeds = [11, 11, 12, 11]
+    got = generate_rows(config, params, prompts, noise=spec, sigma=sigma, members=members, max_new_tokens=8,
+                        sampling=sampling, seeds=seeds)
+    for r, (version, index, active) in enumerate(members):
+        theta = perturbed_params(spec, params, version, index, sigma) if active else params
+        alone = generate_rows(config, theta, [prompts[r]], max_new_tokens=8, sampling=sampling, seeds=[seeds[r]])
+        assert got[r] == alone[0], (mode, r)
+    assert got[0] != got[1] and got[0] != got[3]  # members differ (antithetic pair, unperturbed)
+
+
+# ------------------------------------------------------------------------------------------------ the engine
+@pytest.fixture(scope="module")
+def shop():
+    from envs.webshop_bridge import PACKAGED_DATA, load_webshop
+
+    if "webshop_small" not in PACKAGED_DATA:
+        pytest.skip("the packaged WebShop data is not available")
+    return load_webshop("webshop_small")
+
+
+def _engine(shop, policy, rows=4, sigma=0.0, spec=None, max_steps=3, temperature=1.0, steps=2):
+    from envs.webshop_bridge import InProcessEnvPool
+    from esjax.config import load_config
+    from esjax.loop.generate import GenerateEngine
+    from esjax.train.parts import build_generate_agent
+
+    config = load_config(None, ["agent.mode=generate", "agent.max_prompt_tokens=256"])
+    agent = build_generate_agent(config.agent, policy)
+    return GenerateEngine(InProcessEnvPool(shop, rows), agent, policy.config, spec or NoiseSpec(seed=0, rank=1),
+                          lambda v: sigma, max_steps, Sampling(temperature, 0.9, 20), max_new_tokens=6,
+                          decode_steps=steps, max_prompt_tokens=256)
+
+
+def _run(engine, starts, params):
+    for kwargs in starts:
+        engine.start(**kwargs)
+    done = []
+    while engine.live:
+        finished, _ = engine.tick(lambda v: params)
+        done += finished
+    return {(e.kind, e.owner, e.position): (e.trace, e.invalid_actions, e.reward) for e in done}
+
+
+def _member(index, position=0, seed=99, version=0, kind="train", greedy=False):
+    return dict(kind=kind, owner=index, version=version, index=index, goal=1500 + position, position=position,
+                sampling_seed=seed, greedy=greedy)
+
+
+def test_episodes_are_deterministic_and_members_share_the_sampling_stream(shop, action_policy):
+    hf_policy = action_policy
+    starts = [_member(0), _member(1), _member(2, seed=7), _member(0, kind="eval", greedy=True)]
+    params = hf_policy.params
+    first = _run(_engine(shop, hf_policy), starts, params)
+    again = _run(_engine(shop, hf_policy), starts, params)
+    assert first == again
+    # sigma 0: members 0 and 1 of one version run the same parameters with the same keys -> the same replies;
+    # another sampling seed (another version's task batch) draws other tokens
+    assert first[("train", 0, 0)] == first[("train", 1, 0)]
+    assert first[("train", 2, 0)][0] != first[("train", 0, 0)][0]
+    from esjax.loop.generate import turn_seed
+
+    assert turn_seed(99, 0, 1) != turn_seed(99, 0, 2) != turn_seed(99, 1, 1)
+    # with noise, the two members differ through their parameters only
+    noisy = _run(_engine(shop, hf_policy, sigma=0.5), starts[:2], params)
+    assert noisy[("train", 0, 0)][0] != noisy[("train", 1, 0)][0]
+
+
+def test_invalid_actions_are_noops_and_counted(shop, hf_policy):
+    engine = _engine(shop, hf_policy, rows=2)
+    episode = engine.start(**_member(0))
+    page = episode.observation
+    done = []
+    while engine.live:
+        done += engine.tick(lambda v: hf_policy.params)[0]
+    (ep,) = done
+    assert ep.steps == 3 and ep.reward == 0.0
+    assert ep.invalid_actions == 3  # the random model never writes search[...] / click[...]
+    assert ep.observation == page  # WebShop's no-op: still the search page
+    assert "was invalid" in engine.agent.prompt_text(ep.observation, ep.available, ep.memory)
+    # a valid action written by the model moves the env and is not counted
+    engine = _engine(shop, hf_policy, rows=1)
+    episode = engine.start(**_member(0))
+    reply, action, parsed = engine.agent.parse("Action: Search[red shirt]")
+    engine._acted(episode, reply, action, {"valid": True}, {"has_search_bar": False, "clickables": ["next >"]})
+    assert parsed and episode.invalid_actions == 0 and episode.trace == [("Action: Search[red shirt]",
+                                                                         "search[red shirt]")]
+
+
+# ------------------------------------------------------------------------------------------------ the trainer
+BASE = ["run.progress=false", "run.plots=false", "run.updates=3", "run.eval_every=2", "run.checkpoint_every=1",
+        "run.keep_checkpoints=100", "es.population=4", "es.rank=1", "es.sigma=0.05", "es.learning_rate=0.01",
+        "es.scale=nes", "schedule.slots=3",
+        "schedule.max_lag=1", "env.data=webshop_small", "env.tasks_per_member=2", "env.max_steps=3",
+        "env.eval_goals=3", "agent.mode=generate", "agent.temperature=1.0", "agent.top_p=0.95", "agent.top_k=50",
+        "agent.max_new_tokens=6", "agent.max_prompt_tokens=192", "agent.decode_steps=2"]
+
+
+def test_stale_members_generate_with_their_own_versions_parameters(tmp_path, monkeypatch):
+    """Generate mode: every decode call of a version's lane gets θ_v (checked against θ_v as the update made it) and
+    σ_v, also for rows whose version has been superseded (controlled staleness: half of each cohort at t - 1)."""
+    from conftest import reward_by_trace, theta_moved
+    from run_settings import es_config_of
+    from test_trainer import _digest, record_theta_history
+
+    from esjax.config import load_config
+    from esjax.loop.generate import GenerateEngine
+    from esjax.train.session import train
+
+    history = record_theta_history(monkeypatch)
+    reward_by_trace(monkeypatch, GenerateEngine)
+    calls = []
+    decode = Lane.decode
+
+    def recording(self, params, noise, sigma, steps, prefilled):
+        versions = {s.member[0] for s in self.states.values() if s.member[2]}
+        if versions:
+            calls.append((versions, float(sigma), _digest(params), max(history)))
+        return decode(self, params, noise, sigma, steps, prefilled)
+
+    monkeypatch.setattr(Lane, "decode", recording)
+    model = _action_checkpoint(tmp_path / "model")
+    config = load_config(None, [*BASE, "model.source=hf", f"model.path={model}", "run.eval_every=3",
+                                "run.checkpoint_every=3", "schedule.kind=controlled", "schedule.lag=1",
+                                "schedule.stale_fraction=0.5", "es.sigma_schedule=linear", "es.sigma_final=0.01"])
+    result = train(config, run_dir=tmp_path / "run")
+    assert theta_moved(result.records) and len(set(history.values())) == 4
+    sigma_at = es_config_of(config).sigma_at
+    for versions, sigma, digest, current in calls:
+        (v,) = versions  # one lane per version
+        assert digest == history[v], f"rows of version {v} generated with another θ (current version {current})"
+        assert sigma == pytest.approx(float(sigma_at(v)), rel=1e-6), (v, sigma)
+    assert any(v < current for (v,), _, _, current in calls), "no stale row: nothing was checked"
+
+
+def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch):
+    """A run killed right after any checkpoint and resumed ends with the same θ, records and traces. Every
+    checkpoint lands with turns in progress (partial replies), so the re-prefill path is exercised."""
+    from conftest import reward_by_trace, same_bits, theta_moved
+    from run_settings import read_records, untimed
+    from test_trainer_resume import _steps, killed_after
+
+    from esjax.config import load_config
+    from esjax.loop.generate import GenerateEngine
+    from esjax.rundir.checkpoint import read_loop_state
+    from esjax.train.session import train
+
+    # the random model never buys: WebShop's reward would be 0 for every member and θ would never move, so
+    # same_bits below would pass whatever θ a resume used; a reward drawn from the replies makes θ move
+    reward_by_trace(monkeypatch, GenerateEngine)
+    model = _action_checkpoint(tmp_path / "model")
+    base = [*BASE, "model.source=hf", f"model.path={model}"]
+    reference = train(load_config(None, base), run_dir=tmp_path / "reference")
+    records = untimed(read_records(reference.run_dir))
+    assert theta_moved(records)
+    assert [r["version"] for r in records if r["kind"] == "eval"] == [0, 2, 3]
+    assert reference.version == 3
+    assert all(r["invalid_actions"] > 0 for r in records if r["kind"] in ("update", "eval"))
+    steps = _steps(reference.run_dir)
+    partial = [e for s in steps for e in read_loop_state(reference.run_dir, s)["episodes"] if e["partial"]]
+    assert partial, "no checkpoint caught a reply in progress: the test would not exercise the re-prefill"
+    for step in steps[:-1]:
+        run_dir = killed_after(reference.run_dir, step, tmp_path / f"from-{step}")
+        resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
+        assert same_bits(resumed.params, reference.params)
+        assert untimed(read_records(run_dir)) == records, f"records differ after resuming from {step}"
+        for path in sorted((reference.run_dir / "traces").iterdir()):
+            assert (run_dir / "traces" / path.name).read_bytes() == path.read_bytes(), (step, path.name)
+
+
+def test_cli_runs_generate_tiny_end_to_end(tmp_path, capsys):
+    """``python -m esjax.run --config configs/generate-tiny.yaml``, in this process (the CLI as its own process:
+    tests/config/test_config.py::test_cli_exits_with_one_line_and_no_traceback)."""
+    from esjax.cli.common import run_cli
+    from esjax.cli.run import main
+
+    with pytest.raises(SystemExit) as info:
+        run_cli(main, ["--config", str(REPO / "configs" / "generate-tiny.yaml"), "--set", "run.updates=2", "--set",
+                       "run.progress=false", "--run-dir", str(tmp_path / "run")])
+    assert info.value.code == 0, capsys.readouterr().err[-2000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["version"] for r in records if r["kind"] == "update"] == [1, 2]
+    assert records[-1]["kind"] == "end"
+    assert all("invalid_actions" in r for r in records if r["kind"] in ("update", "eval"))
