@@ -56,6 +56,9 @@ SETTINGS: dict[str, tuple[str, list[str]]] = {
     "norms-sigma0.1": ("σ 0.1", [*NORMS, "es.sigma=0.1"]),
     "norms-60u-sigma-cos": ("60 updates, σ cosine 0.2 → 0.05", [*NORMS, "run.updates=60", "es.sigma_final=0.05",
                                                                 "es.sigma_schedule=cosine"]),
+    "norms-60u": ("60 updates (σ and lr constant)", [*NORMS, "run.updates=60"]),
+    "norms-T0.1": ("sampling temperature 0.1 in training rollouts (near the greedy evaluation)",
+                   [*NORMS, "agent.temperature=0.1"]),
     "norms-adam": ("Adam (lr 0.02)", [*NORMS, "es.optimizer=adam", "es.learning_rate=0.02"]),
     "norms-zscore": ("z-score shaping instead of centered ranks", [*NORMS, "es.shaping=z_score"]),
     "norms-T1": ("sampling temperature 1.0 in training rollouts", [*NORMS, "agent.temperature=1.0"]),
@@ -175,7 +178,7 @@ def report(out: Path) -> str:
                      f"{100 * np.mean([r['success_after'] for r in runs]):.1f}% | "
                      f"{np.mean([r['seconds'] for r in runs]) / 60:.1f} | {commits} |")
     lines += ["", "What the greedy agent did before → after (means over the setting's seeds, from the evaluation "
-                  "traces; `esjax.traces.behaviour`):", "",
+                  "traces; `esjax.rundir.traces.behaviour`):", "",
               "| setting | " + " | ".join(label for _, label, _ in BEHAVIOUR_KEYS) + " |",
               "|---|" + "---|" * len(BEHAVIOUR_KEYS)]
     for name in order:

@@ -393,6 +393,8 @@ def command_line(args: dict) -> str:
         parts += [f"--option-steps {args['option_steps']}", f"--option-lr {args['option_lr']}"]
     if args.get("joint_steps"):
         parts += [f"--joint-steps {args['joint_steps']}", f"--joint-lr {args['joint_lr']}"]
+        if args.get("joint_hasty") is not None:
+            parts.append(f"--joint-hasty {args['joint_hasty']}")
     return " ".join(parts)
 
 
@@ -435,8 +437,9 @@ def stage3_lines(report: dict) -> list[str]:
     a, s3 = report["args"], report.get("stage3")
     if not s3:
         return []
-    return [f"- Stage 3 (joint): {a['joint_steps']} steps, AdamW lr {a['joint_lr']}, on stage 1's {s3['demo_steps']} "
-            f"demonstration steps (softmax over every candidate) and stage 2's {s3['decisions']} option decisions "
+    return [f"- Stage 3 (joint): {a['joint_steps']} steps, AdamW lr {a['joint_lr']}, on {s3['demo_steps']} "
+            f"demonstration steps of stage 1's teacher, hasty in {s3['hasty']:.0%} of the episodes (softmax over "
+            f"every candidate), and stage 2's {s3['decisions']} option decisions "
             "together, so the results-page and buy decisions that option-only training wears down are learned "
             f"again; final loss {s3['final_loss']:.3f}, held-out option accuracy after: {s3['held_out_acc']:.3f}; "
             f"{s3['seconds']:.0f} s."]
@@ -502,7 +505,7 @@ def write_readme(out: Path, report: dict) -> None:
         "",
         "Everything is seeded (teacher noise, data order, initialization), the tokenizer trainer is",
         "deterministic and XLA's CPU kernels are deterministic, so re-running the command on the same machine",
-        "and jax version reproduces these weights bit for bit (`tests/test_default_policy.py` checks it on a",
+        "and jax version reproduces these weights bit for bit (`tests/agent/test_default_policy.py` checks it on a",
         "short run). On another CPU (different SIMD width) or jax version, float rounding can differ; the",
         "greedy scores then agree within noise.",
         "",
@@ -533,6 +536,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stage 3: steps on stage 1's demonstrations and stage 2's option decisions together "
                         "(re-learns the other decisions stage 2 alone wears down; 0 = none)")
     p.add_argument("--joint-lr", type=float, default=2e-3)
+    p.add_argument("--joint-hasty", type=float, default=None,
+                   help="share of hasty episodes among stage 3's demonstrations (default: --hasty); more hasty "
+                        "episodes make the policy choose options less often, a decision left to ES")
     p.add_argument("--init", type=Path, default=None,
                    help="start from this policy folder (its weights and tokenizer) instead of running stage 1")
     p.add_argument("--quick", action="store_true", help="a seconds-long run (tests): few goals and steps, no eval")
@@ -596,13 +602,15 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"stage 2: held-out option accuracy {before:.3f} -> {stage2['held_out_acc']:.3f}", flush=True)
     if args.joint_steps:
         t_joint = time.perf_counter()
-        if args.init is not None:  # stage 1 did not run here: its demonstrations, as stage 1 would record them
-            steps, _, _ = demonstrations(shop, train_goals, args.hasty, args.seed)
+        joint_hasty = args.hasty if args.joint_hasty is None else args.joint_hasty
+        if args.init is not None or joint_hasty != args.hasty:  # stage 1's demonstrations are not at hand
+            steps, _, _ = demonstrations(shop, train_goals, joint_hasty, args.seed)
         demos = encode_steps(agent, steps)
         joint = {**{f"demo/{k}": v for k, v in demos.items()}, **{f"option/{k}": v for k, v in options.items()}}
         params, losses, accs = train(config, params, joint, args.joint_steps, args.joint_lr, args, "stage 3",
                                      held_out_accuracy)
-        stage3 = {"demo_steps": len(steps), "decisions": len(option_data), "held_out": len(held_out),
+        stage3 = {"demo_steps": len(steps), "hasty": joint_hasty, "decisions": len(option_data),
+                  "held_out": len(held_out),
                   "held_out_acc": option_accuracy(config, params, held), "final_loss": float(np.mean(losses[-50:])),
                   "seconds": time.perf_counter() - t_joint}
         print(f"stage 3: held-out option accuracy {stage3['held_out_acc']:.3f}", flush=True)
