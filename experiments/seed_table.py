@@ -1,0 +1,75 @@
+"""Per-seed table of a config's runs on the test split: before / mid / after, Δ, success, wall time, and the mean Δ
+with its paired 95% t interval (what README's main-job table and issue 31's Done-means report).
+
+    python experiments/seed_table.py experiments/results/full-weights      # reads <dir>/seed<s>/, compacts them
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from experiments.records import compact_run  # noqa: E402
+from experiments.report import t_ci  # noqa: E402
+
+
+def _wall_seconds(summary: str) -> float | None:
+    found = re.search(r"wall-clock: ([0-9.]+) s", summary)
+    return float(found.group(1)) if found else None
+
+
+def seed_rows(root: Path) -> list[dict]:
+    from esjax.rundir.metrics import read_metrics
+
+    rows = []
+    for run_dir in sorted(root.glob("seed*"), key=lambda p: int(p.name[4:])):
+        if not (run_dir / "summary.md").is_file():
+            continue  # unfinished: listed by the caller, never counted
+        evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "eval"]
+        info = json.loads((run_dir / "run.json").read_text())
+        rows.append({"seed": int(run_dir.name[4:]), "scores": [e["score"] for e in evals],
+                     "success": (evals[0]["success_rate"], evals[-1]["success_rate"]),
+                     "wall": _wall_seconds((run_dir / "summary.md").read_text()),
+                     "commit": (info.get("git_commit") or "?")[:7]})
+        compact_run(run_dir)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| seed | before | mid | after | Δ | success before → after | wall | commit |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        s = r["scores"]
+        wall = "?" if r["wall"] is None else f"{r['wall'] / 60:.1f} min"
+        lines.append(f"| {r['seed']} | {s[0]:.1f} | {s[len(s) // 2]:.1f} | {s[-1]:.1f} | **{s[-1] - s[0]:+.1f}** | "
+                     f"{100 * r['success'][0]:.1f}% → {100 * r['success'][1]:.1f}% | {wall} | {r['commit']} |")
+    deltas = [r["scores"][-1] - r["scores"][0] for r in rows]
+    if len(deltas) >= 2:
+        mean, low, high = t_ci(deltas)
+        seeds = ", ".join(str(r["seed"]) for r in rows)
+        before, after = np.mean([r["scores"][0] for r in rows]), np.mean([r["scores"][-1] for r in rows])
+        lines += ["", f"{len(rows)} seeds ({seeds}): mean Δ **{mean:+.1f}**, paired 95% t interval "
+                      f"**[{low:+.1f}, {high:+.1f}]** (SD {np.std(deltas, ddof=1):.1f}); mean score {before:.1f} → "
+                      f"{after:.1f}."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("root", type=Path)
+    args = parser.parse_args(argv)
+    print(table(seed_rows(args.root)), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
