@@ -23,11 +23,8 @@ for path in (REPO, REPO / "experiments"):
 
 
 def make_copy_step(recipe, config, lr, steps):
-    import jax
+    """Optimizer step on the 'copy' loss: the demonstrated value's tokens under the policy, its candidate alone."""
     import jax.numpy as jnp
-    import optax
-
-    optimizer = recipe.make_optimizer(lr, steps, 0.01)
 
     def loss_fn(params, batch):
         pick = batch["target"][:, None, None]
@@ -37,13 +34,7 @@ def make_copy_step(recipe, config, lr, steps):
         value = c_mask.at[:, :, 0].set(False)  # the value's tokens, not the shared 'choose'
         return -(jnp.where(value, logp, 0.0).sum() / value.sum()), 0.0
 
-    @jax.jit
-    def step(params, opt_state, batch):
-        (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss, acc
-
-    return step
+    return recipe.jitted_step(loss_fn, recipe.make_optimizer(lr, steps, 0.01))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +53,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import jax
-    import jax.numpy as jnp
     import pretrain_default_policy as recipe
 
     from envs.webshop_bridge import load_webshop
@@ -74,13 +64,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def option_steps(goals):
         steps, _, _ = recipe.demonstrations(shop, goals, 0.0, 0)  # never hasty: every goal option is clicked
-        return [s for s in steps if "| page: item |" in s[0] and s[1][s[2]].startswith("choose ")]
+        return [s for s in steps if "| page: item |" in s[0] and recipe.is_option(s[1][s[2]])]
 
     train, held_out = option_steps(list(shop.split("train"))), option_steps(
         list(shop.split("eval"))[: args.held_out_goals])
     policy = load_policy("embedded")
     agent = WebShopAgent(policy.tokenizer, "compact", score_norm=recipe.SCORE_NORM)
-    eligible = (lambda text: text.startswith("choose ")) if args.options_only else None
+    eligible = recipe.is_option if args.options_only else None
     train_data = recipe.encode_steps(agent, train, eligible)
     held_data = recipe.encode_steps(agent, held_out, eligible)
     config = policy.config
@@ -89,20 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             else make_copy_step(recipe, config, args.lr, args.steps))
     opt_state = recipe.make_optimizer(args.lr, args.steps, 0.01).init(params)
 
-    @jax.jit
-    def correct(params, batch):
-        scores = recipe.candidate_scores(config, params, batch["p_tok"], batch["p_mask"], batch["c_tok"],
-                                         batch["c_mask"])
-        return (jnp.argmax(jnp.where(batch["valid"], scores, -1e9), 1) == batch["target"]).sum()
-
     def accuracy() -> float:
-        hits = total = 0
-        for data in held_data.values():
-            for i in range(0, len(data["target"]), 64):
-                batch = {k: v[i:i + 64] for k, v in data.items()}
-                hits += int(correct(params, batch))
-                total += len(batch["target"])
-        return hits / total
+        return recipe.option_accuracy(config, params, held_data)
 
     print(f"{len(train)} train / {len(held_out)} held-out option decisions; init {args.init}; "
           f"held-out accuracy before: {accuracy():.3f}", flush=True)

@@ -273,7 +273,6 @@ def make_optimizer(lr: float, steps: int, weight_decay: float):
 @functools.lru_cache(maxsize=8)
 def make_train_step(config, lr: float, steps: int, weight_decay: float):
     """The jitted AdamW step (cached, so repeated runs in one process compile once)."""
-    import jax
     import jax.numpy as jnp
     import optax
 
@@ -286,11 +285,19 @@ def make_train_step(config, lr: float, steps: int, weight_decay: float):
         acc = (jnp.argmax(scores, axis=1) == batch["target"]).mean()
         return loss, acc
 
+    return jitted_step(loss_fn, optimizer)
+
+
+def jitted_step(loss_fn, optimizer):
+    """The jitted optimizer step of ``loss_fn(params, batch) -> (loss, aux)``: ``(params, state, loss, aux)``."""
+    import jax
+    import optax
+
     @jax.jit
     def step(params, opt_state, batch):
-        (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss, acc
+        return optax.apply_updates(params, updates), opt_state, loss, aux
 
     return step
 
