@@ -545,9 +545,9 @@ def test_adam_settings_act_over_several_steps():
 # The main job's resolved ES section (published numbers depend on it): pinned, so a change of the defaults can never
 # move it silently.
 DEFAULT_JOB_ES = {
-    "population": 16, "antithetic": True, "mode": "lowrank", "rank": 2, "sigma": 0.2, "sigma_final": None,
-    "sigma_schedule": "constant", "learning_rate": 0.25, "scale": "nes", "shaping": "centered_ranks",
-    "optimizer": "sgd", "weight_decay": 0.0, "anchor_decay": 0.0, "scope": "all", "include": ["norm/scale$"],
+    "population": 32, "antithetic": True, "mode": "lowrank", "rank": 1, "sigma": 0.05, "sigma_final": None,
+    "sigma_schedule": "constant", "learning_rate": 0.02, "scale": "nes", "shaping": "centered_ranks",
+    "optimizer": "sgd", "weight_decay": 0.0, "anchor_decay": 0.0, "scope": "matrices", "include": ["/kernel$"],
     "exclude": [],
 }
 
