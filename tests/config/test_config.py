@@ -555,7 +555,7 @@ DEFAULT_JOB_ES = {
 def test_main_job_resolves_to_its_published_es_values():
     dumped = load_config(REPO / "configs" / "default.yaml").model_dump(mode="json")
     assert dumped["es"] == DEFAULT_JOB_ES
-    assert dumped["schedule"] == {"kind": "async", "max_lag": 1, "slots": 16}
+    assert dumped["schedule"] == {"kind": "async", "max_lag": 1, "slots": 32}
 
 
 def test_goal_set_is_templated_or_human_and_synthetic_still_loads_as_templated(tmp_path):

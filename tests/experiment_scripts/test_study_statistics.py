@@ -340,16 +340,19 @@ def test_real_preset():
     assert set(real) == set(quick)
     assert real["data"] == "webshop_small" and real["cells"] == "paper"
     over = real["overrides"]
-    for item in ("env.data=webshop_small", "env.max_steps=15", "es.sigma=0.2", "es.population=16", "schedule.slots=16"):
+    for item in ("env.data=webshop_small", "env.max_steps=15", "es.sigma=0.05", "es.population=32", "schedule.slots=32",
+                 "run.eval_every=5"):
         assert item in over, item
-    # the real preset is configs/default.yaml's budget: its async-K1 cell resolves to the main job itself
+    # the real preset is configs/default.yaml's budget: its async-K1 cell resolves to the main job itself, evaluated
+    # every 5 updates (experiments/protocol.md) instead of 15
     from esjax.config import config_to_yaml, load_config
 
     cell = next(c for c in staleness_grid.all_cells() if c.name == "async-K1")
     base = staleness_grid.DATASETS["webshop_small"]
     grid = yaml.safe_load(config_to_yaml(load_config(base, [*over, *cell.overrides(real["extreme_max_lag"])])))
     main_job = yaml.safe_load(config_to_yaml(load_config(base)))
-    grid["run"].pop("progress"), main_job["run"].pop("progress")
+    for key in ("progress", "eval_every"):
+        grid["run"].pop(key), main_job["run"].pop(key)
     assert grid == main_job
     assert "env.max_steps=10" not in over and not any(o.startswith("env.num_products") for o in over)
     assert "env.max_steps=10" in quick["overrides"]

@@ -22,7 +22,10 @@ from esjax.train.parts import check_extras
 from esjax.train.session import train
 
 REPO = Path(__file__).resolve().parents[2]
+# The main job's ES step on the kernels (σ 0.05) changes too few of 4 × 2 sampled episodes for θ to move in 2
+# updates; the norm-scale step (σ 0.2) does, and the pools are compared on what they drive, not on the step.
 SMALL = ["run.updates=2", "env.eval_goals=16", "es.population=4", "schedule.slots=4", "env.tasks_per_member=2",
+         "es.scope=all", "es.include=['norm/scale$']", "es.sigma=0.2", "es.learning_rate=0.25",
          "run.progress=false", "run.plots=false", "run.checkpoint_every=1", "run.keep_checkpoints=10"]
 
 
