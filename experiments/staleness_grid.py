@@ -31,13 +31,16 @@ Every (cell, seed) is one trainer run in ``OUT/<data>/<cell>/seed<s>/`` (config.
 summary.md, plots/). A run is finished when its directory has ``summary.md``; finished runs are skipped, an
 interrupted one resumes from its last checkpoint; a finished run made by another preset is an error (use another
 ``--out``). All runs of one process share its jit caches (identical shapes compile once), and ``--shard i/n``
-splits the runs across processes::
+splits the seeds across processes (every cell of a seed runs in the same one)::
 
     python experiments/staleness_grid.py                    # the whole grid, full budget (~3.5 h on 2 cores)
     python experiments/staleness_grid.py --quick            # small budget, 3 seeds (~15 min on 2 cores)
     python experiments/staleness_grid.py --quick --jobs 2   # as two shard processes, one per core
     python experiments/staleness_grid.py --quick --shard 0/2 & python experiments/staleness_grid.py --quick --shard 1/2
     python experiments/staleness_grid.py --cells sync,async-K1 --seeds 1 --set model.source=random
+    # the pre-registered study's primary family (experiments/protocol.md; n from experiments/protocol_power.py)
+    python experiments/staleness_grid.py --preset real --cells sync,async-G4,delay8,all-stale-k1 \
+        --first-seed 100 --seeds 24 --jobs 2
     python experiments/staleness_grid.py --preset real --jobs 2   # the paper cells on real WebShop (budget: PRESETS)
     python experiments/report.py                            # synthetic runs: experiments/results/synthetic/
     python experiments/report.py --data webshop_small --margin 3  # real-WebShop runs: experiments/results/
@@ -222,14 +225,15 @@ PRIORITY = ("sync", "async-G4", "async-K1", "delay4", "delay8", "all-stale-k1", 
 
 
 def plan(cells: list[Cell], seeds: tuple[int, ...], shard: tuple[int, int]) -> list[tuple[Cell, int]]:
-    """This shard's runs, round-robin over the ordered list: the ``PRIORITY`` cells seed-major (each at the first
-    seed, then each at the next, ...), then the other cells seed-major."""
+    """This shard's runs: every n-th seed starting at the i-th (all cells of a seed in one process, so no cell of
+    a seed sees another process or load pattern than its sync twin: experiments/protocol.md), the ``PRIORITY``
+    cells seed-major (each at the first seed, then each at the next, ...), then the other cells seed-major."""
     first = [c for c in cells if c.name in PRIORITY]
     first.sort(key=lambda c: PRIORITY.index(c.name))
     rest = [c for c in cells if c.name not in PRIORITY]
-    runs = [(cell, seed) for tier in (first, rest) for seed in seeds for cell in tier]
     i, n = shard
-    return runs[i::n]
+    mine = seeds[i::n]
+    return [(cell, seed) for tier in (first, rest) for seed in mine for cell in tier]
 
 
 def run_dir_of(out: Path, data: str, cell: Cell, seed: int) -> Path:
@@ -287,8 +291,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="keep a finished run's checkpoints and plots (default: compact it for committing)")
     parser.add_argument("--cells", help="comma-separated cell names or patterns, or 'paper' / 'ours' (default: the "
                                         "preset's; full / quick: every cell but the repeats of paper cells)")
-    parser.add_argument("--seeds", type=int, help="number of seeds 0..S-1 (default: the preset's)")
-    parser.add_argument("--shard", default="0/1", help="i/n: run every n-th run starting at i")
+    parser.add_argument("--seeds", type=int, help="number of seeds F..F+S-1 (default: the preset's)")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="F, the first seed of --seeds (the pre-registered study: 100, experiments/protocol.md)")
+    parser.add_argument("--shard", default="0/1", help="i/n: run every n-th seed starting at the i-th (all its cells)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="run the grid as this many shard processes side by side (one per core)")
     parser.add_argument("--data", choices=sorted(DATASETS), default=None,
@@ -310,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     if preset["data"] is not None and args.data not in (None, preset["data"]):
         raise SystemExit(f"--preset {name} runs on {preset['data']}, not --data {args.data}")
     data = args.data or preset["data"] or "synthetic"
-    seeds = tuple(range(args.seeds)) if args.seeds else preset["seeds"]
+    if args.first_seed and not args.seeds:
+        raise SystemExit("--first-seed needs --seeds (how many seeds from it)")
+    seeds = tuple(range(args.first_seed, args.first_seed + args.seeds)) if args.seeds else preset["seeds"]
     cells = select_cells(args.cells or preset["cells"])
     runs = plan(cells, seeds, parse_shard(args.shard))
     base = DATASETS[data]
