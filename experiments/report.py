@@ -843,7 +843,7 @@ def _power_table(rows: list[dict], family: int) -> list[str]:
     return lines
 
 
-def _published_table() -> list[str]:
+def published_table() -> list[str]:
     sync = PUBLISHED["sync"]
     rows = [("base policy (no training)", PUBLISHED["base"], "version 0 of every run"),
             ("sync ES", sync, "sync"),
@@ -968,7 +968,7 @@ def write_report(grid: dict[str, list[dict]], out: Path, data: str, runs_root: P
                       "pooled SD.", ""]
 
     lines += ["## The published findings, tested here", "", *findings(grid, margin, alpha), ""]
-    lines += ["## Published numbers (side table)", "", *_published_table(), ""]
+    lines += ["## Published numbers (side table)", "", *published_table(), ""]
     if data == "synthetic":
         lines += ["On the synthetic shop the trivial rule \"open first hit, buy\" scores 64.1 on the test split, about "
                   "what ES reaches: that shop separates schedules poorly. The study's real runs are on WebShop's "
