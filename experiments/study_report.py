@@ -40,6 +40,8 @@ FAMILIES = {"primary": ("async-G4", "delay8", "all-stale-k1"), "secondary": ("de
 ALPHA = 0.05
 COMMAND = ("python experiments/staleness_grid.py --preset real --cells sync,async-G4,delay8,all-stale-k1 "
            "--first-seed 100 --seeds {n} --jobs 2")
+#: The one commit every run of the study is made at (a later session runs from a worktree checked out there).
+STUDY_COMMIT = "62ddc0a"
 
 #: Every departure from experiments/protocol.md, in the order it happened (the protocol asks for this list).
 DEVIATIONS = (
@@ -61,15 +63,27 @@ def family_complete(grid: dict[str, list[dict]], cells: tuple[str, ...], seeds: 
     return all({r["seed"] for r in grid.get(name, [])} >= set(seeds) for name in ("sync", *cells))
 
 
+def run_commit(run: dict) -> str:
+    """The commit a finished run was made at, from its run.json ('?' if not recorded)."""
+    try:
+        return json.loads((run["dir"] / "run.json").read_text()).get("git_commit") or "?"
+    except (OSError, ValueError):
+        return "?"
+
+
 def _progress_table(scan: stats.GridScan, seeds: list[int]) -> list[str]:
-    lines = ["| cell | family | finished runs (of n) | failed | unfinished or excluded |", "|---|---|---|---|---|"]
+    lines = ["| cell | family | finished runs (of n) | failed | unfinished or excluded | at another commit |",
+             "|---|---|---|---|---|---|"]
     family_of = {name: family for family, names in FAMILIES.items() for name in names} | {"sync": "both (reference)"}
     for name in ("sync", *FAMILIES["primary"], *FAMILIES["secondary"]):
         done = sorted(r["seed"] for r in scan.grid.get(name, []) if r["seed"] in seeds)
         failed = sorted(s for c, s, _ in scan.failed if c == name)
         other = sorted([s for c, s in scan.unfinished if c == name] + [s for c, s, _ in scan.excluded if c == name])
+        elsewhere = sorted(r["seed"] for r in scan.grid.get(name, [])
+                           if r["seed"] in seeds and not run_commit(r).startswith(STUDY_COMMIT))
         lines.append(f"| {name} | {family_of[name]} | {len(done)} / {len(seeds)} | "
-                     f"{', '.join(map(str, failed)) or '—'} | {', '.join(map(str, other)) or '—'} |")
+                     f"{', '.join(map(str, failed)) or '—'} | {', '.join(map(str, other)) or '—'} | "
+                     f"{', '.join(map(str, elsewhere)) or '—'} |")
     return lines
 
 
@@ -122,7 +136,8 @@ def render(records: Path = RECORDS, power: protocol_power.Power | None = None) -
                       "setting, and no verdict is reported."]
         return "\n".join(lines) + "\n"
     seeds = expected_seeds(power.n)
-    lines += ["", f"Seeds {seeds[0]}–{seeds[-1]}. Command: `{COMMAND.format(n=power.n)}`.", "",
+    lines += ["", f"Seeds {seeds[0]}–{seeds[-1]}, every run at commit {STUDY_COMMIT} (checked from each `run.json` "
+              f"below). Command: `{COMMAND.format(n=power.n)}`.", "",
               "## Progress", ""]
     lines += _progress_table(scan, seeds)
     primary_done = family_complete(scan.grid, FAMILIES["primary"], seeds)

@@ -47,6 +47,7 @@ def test_an_incomplete_family_shows_progress_and_no_effect(tmp_path):
                              "all-stale-k1": [0.2] * 7})  # one seed short
     text = study_report.render(root, POWER)
     assert "| all-stale-k1 | primary | 7 / 8 |" in text and "| sync | both (reference) | 8 / 8 |" in text
+    assert "| async-G4 | primary | 8 / 8 | — | — | 100, 101, 102, 103, 104, 105, 106, 107 |" in text  # no run.json
     assert "no verdict and no effect size" in text and "Not analysed" in text
     assert "equivalent" not in text and "worse" not in text and "-9.00" not in text
 
