@@ -1,0 +1,197 @@
+"""Pretrain a generative WebShop policy (issue 36): behaviour cloning of the recipe's teacher as *written* actions.
+
+Generate mode's agent (``esjax.agent.react.GenerateAgent``) shows the model the instruction, the last actions, the
+page and its available actions, and reads back one action in WebShop's grammar (``search[...]`` / ``click[...]``).
+This recipe teaches a small decoder to write the teacher's action there:
+
+1. Start from a policy folder (``--init``, default: the embedded scoring policy, whose tokenizer and weights
+   already know the real shop's text).
+2. Roll the teacher of ``experiments/pretrain_default_policy.py`` (search the instruction, open the goal's product
+   if it is on results page 1 else the first hit, click the goal's options unless *hasty*, buy) over the first
+   ``--demo-goals`` **train** goals, and record each step exactly as generate mode renders it: the prompt ids of
+   ``GenerateAgent.prompt_ids`` (the model's chat template, ``agent.max_prompt_tokens``) and the teacher's reply
+   `` <action>`` followed by the end-of-sequence token.
+3. Train with optax AdamW on the next-token cross-entropy of the reply tokens only (teacher forcing), sequences
+   bucketed by length.
+4. Export the HF folder; ``python -m esjax.eval --model OUT --config configs/generate.yaml`` scores it greedily.
+
+    python experiments/pretrain_generate_policy.py --out /tmp/gen-policy          # full recipe
+    python experiments/pretrain_generate_policy.py --quick --out /tmp/q           # seconds (tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from experiments.pretrain_default_policy import (  # noqa: E402
+    CATALOG_SEED,
+    DATA,
+    MAX_STEPS,
+    Teacher,
+    batch_plan,
+    jitted_step,
+    make_optimizer,
+    params_digest,
+    write_folder,
+)
+
+#: Generate mode's prompt budget for this policy (``agent.max_prompt_tokens`` of the configs that use it).
+MAX_PROMPT_TOKENS = 384
+#: Reply budget of the greedy evaluation (``agent.max_new_tokens``); the report states the longest reply learned.
+MAX_REPLY_TOKENS = 64
+
+
+def generate_agent(policy):
+    """The agent generate mode builds for ``policy`` (chat template, stop tokens, prompt budget)."""
+    from esjax.config import load_config
+    from esjax.train.parts import build_generate_agent
+
+    section = load_config(None, ["agent.mode=generate", f"agent.max_prompt_tokens={MAX_PROMPT_TOKENS}"]).agent
+    return build_generate_agent(section, policy)
+
+
+def demonstrations(shop, goals, agent, hasty: float, seed: int, max_steps: int = MAX_STEPS):
+    """``(prompt_ids, reply_ids)`` for every teacher step, and the teacher's mean reward."""
+    from envs.webshop_bridge import WebShopTextEnv
+
+    stop = min(agent.stop_token_ids) if agent.stop_token_ids else None
+    env = WebShopTextEnv(shop)
+    rng = np.random.default_rng([seed, 17])  # the scoring recipe's draw: the same episodes are hasty
+    hasty_flags = rng.random(len(goals)) < hasty
+    pairs, rewards = [], []
+    for goal, is_hasty in zip(goals, hasty_flags):
+        observation, _ = env.reset(goal)
+        teacher, memory, reward = Teacher(env.goal, bool(is_hasty)), agent.new_memory(env.instruction), 0.0
+        for _ in range(max_steps):
+            available = env.available_actions()
+            action = teacher.act(observation, available)
+            if action is None:
+                break
+            reply = agent.tokenizer.encode(" " + action, add_special_tokens=False).ids
+            pairs.append((agent.prompt_ids(observation, available, memory),
+                          list(reply) + ([stop] if stop is not None else [])))
+            observation, r, done, info = env.step(action)
+            agent.remember(memory, " " + action, action, info)
+            if done:
+                reward = r
+                break
+        rewards.append(reward)
+    return pairs, float(np.mean(rewards)) if rewards else 0.0
+
+
+def encode_pairs(pairs, bucket: int = 64):
+    """Right-padded ``tokens``, ``mask`` and the reply-token ``target`` mask, grouped by padded length."""
+    groups: dict[str, list] = {}
+    for prompt, reply in pairs:
+        length = -(-(len(prompt) + len(reply)) // bucket) * bucket
+        groups.setdefault(f"len{length:04d}", []).append((prompt, reply))
+    out = {}
+    for key, chosen in sorted(groups.items()):
+        length = int(key[3:])
+        tokens = np.zeros((len(chosen), length), np.int32)
+        mask = np.zeros((len(chosen), length), bool)
+        target = np.zeros((len(chosen), length), bool)
+        for i, (prompt, reply) in enumerate(chosen):
+            seq = prompt + reply
+            tokens[i, :len(seq)], mask[i, :len(seq)] = seq, True
+            target[i, len(prompt):len(seq)] = True
+        out[key] = {"tokens": tokens, "mask": mask, "target": target}
+    return out
+
+
+def reply_loss(config, params, batch):
+    """Mean next-token cross-entropy over the reply tokens, and the share of them predicted exactly."""
+    import jax.numpy as jnp
+    import optax
+
+    from esjax.model.decoder import forward
+
+    logits, _ = forward(config, params, batch["tokens"], None, batch["mask"])
+    pred, labels, weight = logits[:, :-1], batch["tokens"][:, 1:], batch["target"][:, 1:]
+    losses = optax.softmax_cross_entropy_with_integer_labels(pred, labels)
+    count = jnp.maximum(weight.sum(), 1)
+    correct = (jnp.argmax(pred, axis=-1) == labels) & weight
+    return jnp.where(weight, losses, 0.0).sum() / count, correct.sum() / count
+
+
+def train(config, params, data, args):
+    import functools
+
+    optimizer = make_optimizer(args.lr, args.steps, args.weight_decay)
+    step = jitted_step(functools.partial(reply_loss, config), optimizer)
+    opt_state, losses, accs, started = optimizer.init(params), [], [], time.perf_counter()
+    for i, (kind, idx) in enumerate(batch_plan(data, args.batch, args.steps, args.seed)):
+        params, opt_state, loss, acc = step(params, opt_state, {k: v[idx] for k, v in data[kind].items()})
+        losses.append(float(loss))
+        accs.append(float(acc))
+        if args.log_every and (i + 1) % args.log_every == 0:
+            print(f"step {i + 1}/{args.steps}: loss {np.mean(losses[-args.log_every:]):.3f} reply-token accuracy "
+                  f"{np.mean(accs[-args.log_every:]):.3f} ({time.perf_counter() - started:.0f} s)", flush=True)
+    return params, losses, accs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--init", type=Path, default=None, help="policy folder to start from (default: the embedded one)")
+    p.add_argument("--demo-goals", type=int, default=5410, help="train goals played by the teacher (all: 5,410)")
+    p.add_argument("--hasty", type=float, default=0.35, help="share of demonstrations that skip all options")
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--eval-goals", type=int, default=100, help="eval-split goals scored greedily at the end")
+    p.add_argument("--quick", action="store_true", help="a seconds-long run (tests): few goals and steps, no eval")
+    p.add_argument("--log-every", type=int, default=50)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.demo_goals, args.steps, args.batch, args.eval_goals, args.log_every = 6, 2, 4, 0, 0
+    started = time.perf_counter()
+    from envs.webshop_bridge import load_webshop
+    from esjax.agent.policy import load_policy
+
+    policy = load_policy("embedded") if args.init is None else load_policy("hf", str(args.init))
+    agent = generate_agent(policy)
+    shop = load_webshop(DATA, seed=CATALOG_SEED)
+    goals = list(shop.split("train"))[: args.demo_goals]
+    pairs, teacher_reward = demonstrations(shop, goals, agent, args.hasty, args.seed)
+    data = encode_pairs(pairs)
+    print(f"{len(pairs)} teacher steps from {len(goals)} train goals (teacher reward {teacher_reward:.3f}; "
+          f"{len(data)} length buckets); {time.perf_counter() - started:.0f} s", flush=True)
+    params, losses, accs = train(policy.config, policy.params, data, args)
+    report = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+              "init_digest": params_digest(policy.params), "digest": params_digest(params),
+              "teacher_steps": len(pairs), "teacher_reward": teacher_reward,
+              "longest_reply_tokens": max(len(r) for _, r in pairs),
+              "final_loss": float(np.mean(losses[-50:])), "final_reply_token_accuracy": float(np.mean(accs[-50:]))}
+    if args.eval_goals:
+        from esjax.train.evaluate import evaluate_policy
+
+        res = evaluate_policy(policy.config, params, agent, shop, list(shop.split("eval"))[: args.eval_goals],
+                              max_steps=MAX_STEPS, max_new_tokens=MAX_REPLY_TOKENS)
+        report["eval"] = {"goals": args.eval_goals, "score": res["score"], "success_rate": res["success_rate"]}
+        print(f"greedy generate mode on {args.eval_goals} eval goals: score {res['score']:.1f}", flush=True)
+    write_folder(args.out, policy.config, params, policy.tokenizer)
+    report["seconds"] = time.perf_counter() - started
+    (args.out / "pretrain_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report), flush=True)
+    return report
+
+
+if __name__ == "__main__":
+    main()
