@@ -26,7 +26,7 @@ from esjax.train.parts import load_run
 from esjax.train.session import train
 
 REPO = Path(__file__).resolve().parents[2]
-# The embedded policy on the packaged real WebShop data, stepping its norm scales as configs/default.yaml does:
+# The embedded policy on the packaged real WebShop data, stepping its norm scales (the main job's step until 5 Dec):
 # members' fitness differs, so θ moves at every update and "θ bit-identical after the fault" compares something
 # (a random model's θ never moves).
 BASE = embedded()

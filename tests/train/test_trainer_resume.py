@@ -14,7 +14,7 @@ version is trained once without interruption. Then:
 * every dispatched job ends accepted, discarded or cancelled, and the last record carries those totals.
 
 The policy is the embedded default (a ~1 MB model) on the WebShop data it was trained for (the packaged
-1,000-product set), stepping the norm scales as ``configs/default.yaml`` does: its fitness varies from member
+1,000-product set), stepping the norm scales (``run_settings.embedded``: σ 0.2): its fitness varies from member
 to member, so θ moves at every update and a bit-for-bit comparison means something (the tiny random model
 earns reward 0 everywhere, so its θ never moves; the test asserts that fitness varied).
 """
