@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from experiments.report import seeds_needed  # noqa: E402
+from experiments.report import read_run, seeds_needed  # noqa: E402
 
 MAIN_JOB = REPO / "experiments" / "results" / "main-job"
 SEEDS = tuple(range(8))
@@ -41,14 +41,6 @@ class Power:
     margin: float  # m
     n: int | None  # seeds per cell (None: no margin, or no n reaches the power)
     feasible: bool  # n ≤ 40: the protocol runs the study
-
-
-def first_and_final(run_dir: Path) -> tuple[float, float]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    evals = [r for r in map(json.loads, lines) if r.get("kind") == "eval"]
-    if not evals:
-        raise ValueError(f"{run_dir / 'metrics.jsonl'}: no eval records")
-    return evals[0]["score"], evals[-1]["score"]
 
 
 def power_from_scores(initial: list[float], final: list[float]) -> Power:
@@ -71,8 +63,11 @@ def protocol_power(root: Path = MAIN_JOB, seeds: tuple[int, ...] = SEEDS) -> Pow
     missing = [s for s in seeds if not (root / f"seed{s}" / "summary.md").is_file()]
     if missing:
         raise FileNotFoundError(f"{root}: no finished run for seed(s) {missing}")
-    pairs = [first_and_final(root / f"seed{s}") for s in seeds]
-    return power_from_scores([p[0] for p in pairs], [p[1] for p in pairs])
+    runs = [read_run(root / f"seed{s}") for s in seeds]
+    unusable = [s for s, run in zip(seeds, runs) if run is None or run["problems"]]
+    if unusable:
+        raise ValueError(f"{root}: the run(s) of seed(s) {unusable} have no evaluation or inconsistent records")
+    return power_from_scores([run["initial"] for run in runs], [run["final"] for run in runs])
 
 
 def main(argv: list[str] | None = None) -> int:
