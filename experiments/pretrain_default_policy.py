@@ -377,13 +377,15 @@ def params_digest(params) -> str:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def write_folder(out: Path, config, params, tokenizer) -> None:
+def write_folder(out: Path, config, params, tokenizer, model: dict | None = None) -> None:
+    """The HF folder of a policy of architecture ``model`` (default: ``MODEL``) with the recipe's chat template."""
     from esjax.model.hf import export_pretrained
 
+    model = MODEL if model is None else model
     out.mkdir(parents=True, exist_ok=True)
-    export_pretrained(out, config, params, raw_config={k: v for k, v in MODEL.items() if k != "torch_dtype"})
+    export_pretrained(out, config, params, raw_config={k: v for k, v in model.items() if k != "torch_dtype"})
     tokenizer.save(str(out / "tokenizer.json"))
-    tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": MODEL["max_position_embeddings"],
+    tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model["max_position_embeddings"],
                   "bos_token": None, "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>",
                   "padding_side": "left", "clean_up_tokenization_spaces": False, "chat_template": CHAT_TEMPLATE}
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")

@@ -35,8 +35,10 @@ if str(ROOT) not in sys.path:
 
 from experiments.pretrain_default_policy import (  # noqa: E402
     CATALOG_SEED,
+    CHAT_TEMPLATE,
     DATA,
     MAX_STEPS,
+    MODEL,
     Teacher,
     batch_plan,
     jitted_step,
@@ -51,24 +53,26 @@ MAX_PROMPT_TOKENS = 384
 MAX_REPLY_TOKENS = 64
 
 
-def generate_agent(policy):
+def generate_agent(policy, max_prompt_tokens: int = MAX_PROMPT_TOKENS):
     """The agent generate mode builds for ``policy`` (chat template, stop tokens, prompt budget)."""
     from esjax.config import load_config
     from esjax.train.parts import build_generate_agent
 
-    section = load_config(None, ["agent.mode=generate", f"agent.max_prompt_tokens={MAX_PROMPT_TOKENS}"]).agent
+    section = load_config(None, ["agent.mode=generate", f"agent.max_prompt_tokens={max_prompt_tokens}"]).agent
     return build_generate_agent(section, policy)
 
 
-def demonstrations(shop, goals, agent, hasty: float, seed: int, max_steps: int = MAX_STEPS):
-    """``(prompt_ids, reply_ids)`` for every teacher step, and the teacher's mean reward."""
+def teacher_steps(shop, goals, agent, hasty: float, seed: int, max_steps: int = MAX_STEPS):
+    """``(prompt_text, action)`` for every teacher step as generate mode renders it, and the teacher's mean reward.
+
+    Only ``agent``'s prompt rendering is used (not its tokenizer), so a from-scratch tokenizer can be trained on
+    these texts."""
     from envs.webshop_bridge import WebShopTextEnv
 
-    stop = min(agent.stop_token_ids) if agent.stop_token_ids else None
     env = WebShopTextEnv(shop)
     rng = np.random.default_rng([seed, 17])  # the scoring recipe's draw: the same episodes are hasty
     hasty_flags = rng.random(len(goals)) < hasty
-    pairs, rewards = [], []
+    steps, rewards = [], []
     for goal, is_hasty in zip(goals, hasty_flags):
         observation, _ = env.reset(goal)
         teacher, memory, reward = Teacher(env.goal, bool(is_hasty)), agent.new_memory(env.instruction), 0.0
@@ -77,16 +81,48 @@ def demonstrations(shop, goals, agent, hasty: float, seed: int, max_steps: int =
             action = teacher.act(observation, available)
             if action is None:
                 break
-            reply = agent.tokenizer.encode(" " + action, add_special_tokens=False).ids
-            pairs.append((agent.prompt_ids(observation, available, memory),
-                          list(reply) + ([stop] if stop is not None else [])))
+            steps.append((agent.prompt_text(observation, available, memory), action))
             observation, r, done, info = env.step(action)
             agent.remember(memory, " " + action, action, info)
             if done:
                 reward = r
                 break
         rewards.append(reward)
-    return pairs, float(np.mean(rewards)) if rewards else 0.0
+    return steps, float(np.mean(rewards)) if rewards else 0.0
+
+
+def encode_steps(agent, steps):
+    """``(prompt_ids, reply_ids)``: the prompt within the agent's budget, the reply `` <action>`` + end of turn."""
+    stop = [min(agent.stop_token_ids)] if agent.stop_token_ids else []
+    return [(agent.encode_prompt(prompt), list(agent.tokenizer.encode(" " + action, add_special_tokens=False).ids)
+             + stop) for prompt, action in steps]
+
+
+def demonstrations(shop, goals, agent, hasty: float, seed: int, max_steps: int = MAX_STEPS):
+    """``(prompt_ids, reply_ids)`` for every teacher step, and the teacher's mean reward."""
+    steps, reward = teacher_steps(shop, goals, agent, hasty, seed, max_steps)
+    return encode_steps(agent, steps), reward
+
+
+def scratch_policy(shop, steps, args):
+    """A randomly initialised policy of the ``--hidden``/``--layers`` architecture whose BPE tokenizer is trained
+    on the demonstrations' prompts and actions (and, with ``--asin-tokens``, holds each catalogue product id as
+    one token, so a click copies one token instead of ten characters)."""
+    import jax
+
+    from esjax.agent.policy import LoadedPolicy
+    from esjax.agent.tokenizer import train_bpe
+    from esjax.model.config import from_hf_dict
+    from esjax.model.params import init_params
+
+    corpus = list(dict.fromkeys(t for prompt, action in steps for t in (prompt, " " + action)))
+    asins = [shop.product(i).asin.lower() for i in range(len(shop))] if args.asin_tokens else []
+    tokenizer = train_bpe(corpus, args.vocab, whole_pieces=asins)
+    model = {**MODEL, "vocab_size": -(-tokenizer.get_vocab_size() // 64) * 64, "hidden_size": args.hidden,
+             "intermediate_size": 3 * args.hidden, "num_hidden_layers": args.layers}
+    config = from_hf_dict({k: v for k, v in model.items() if k != "torch_dtype"}, "scratch model")
+    params = init_params(config, jax.random.key(args.seed))
+    return LoadedPolicy(config, params, tokenizer, CHAT_TEMPLATE, raw_config=model), model
 
 
 def encode_pairs(pairs, bucket: int = 64):
@@ -109,8 +145,10 @@ def encode_pairs(pairs, bucket: int = 64):
     return out
 
 
-def reply_loss(config, params, batch):
-    """Mean next-token cross-entropy over the reply tokens, and the share of them predicted exactly."""
+def reply_loss(config, params, batch, prompt_weight: float = 0.0):
+    """Mean next-token cross-entropy over the reply tokens (plus ``prompt_weight`` × that over the prompt tokens:
+    language modelling the prompts, which repeat the instruction and earlier actions, teaches copying), and the
+    share of reply tokens predicted exactly."""
     import jax.numpy as jnp
     import optax
 
@@ -121,14 +159,18 @@ def reply_loss(config, params, batch):
     losses = optax.softmax_cross_entropy_with_integer_labels(pred, labels)
     count = jnp.maximum(weight.sum(), 1)
     correct = (jnp.argmax(pred, axis=-1) == labels) & weight
-    return jnp.where(weight, losses, 0.0).sum() / count, correct.sum() / count
+    loss = jnp.where(weight, losses, 0.0).sum() / count
+    if prompt_weight:
+        prompt = batch["mask"][:, 1:] & ~weight
+        loss += prompt_weight * jnp.where(prompt, losses, 0.0).sum() / jnp.maximum(prompt.sum(), 1)
+    return loss, correct.sum() / count
 
 
 def train(config, params, data, args):
     import functools
 
     optimizer = make_optimizer(args.lr, args.steps, args.weight_decay)
-    step = jitted_step(functools.partial(reply_loss, config), optimizer)
+    step = jitted_step(functools.partial(reply_loss, config, prompt_weight=args.prompt_loss), optimizer)
     opt_state, losses, accs, started = optimizer.init(params), [], [], time.perf_counter()
     for i, (kind, idx) in enumerate(batch_plan(data, args.batch, args.steps, args.seed)):
         params, opt_state, loss, acc = step(params, opt_state, {k: v[idx] for k, v in data[kind].items()})
@@ -151,6 +193,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--scratch", action="store_true",
+                   help="train a new tokenizer and model from scratch instead of starting from --init")
+    p.add_argument("--vocab", type=int, default=2048, help="--scratch: learned BPE vocabulary size")
+    p.add_argument("--asin-tokens", action="store_true", help="--scratch: one token per catalogue product id")
+    p.add_argument("--hidden", type=int, default=64, help="--scratch: hidden size (MLP: 3x)")
+    p.add_argument("--layers", type=int, default=2, help="--scratch: decoder layers")
+    p.add_argument("--prompt-loss", type=float, default=0.0, help="weight of the prompt tokens' LM loss")
+    p.add_argument("--max-prompt-tokens", type=int, default=MAX_PROMPT_TOKENS, help="the agent's prompt budget")
     p.add_argument("--eval-goals", type=int, default=100, help="eval-split goals scored greedily at the end")
     p.add_argument("--quick", action="store_true", help="a seconds-long run (tests): few goals and steps, no eval")
     p.add_argument("--log-every", type=int, default=50)
@@ -165,11 +215,19 @@ def main(argv: list[str] | None = None) -> dict:
     from envs.webshop_bridge import load_webshop
     from esjax.agent.policy import load_policy
 
-    policy = load_policy("embedded") if args.init is None else load_policy("hf", str(args.init))
-    agent = generate_agent(policy)
     shop = load_webshop(DATA, seed=CATALOG_SEED)
     goals = list(shop.split("train"))[: args.demo_goals]
-    pairs, teacher_reward = demonstrations(shop, goals, agent, args.hasty, args.seed)
+    model = None
+    if args.scratch:
+        render = generate_agent(load_policy("embedded"), args.max_prompt_tokens)  # the same chat template
+        steps, teacher_reward = teacher_steps(shop, goals, render, args.hasty, args.seed)
+        policy, model = scratch_policy(shop, steps, args)
+    else:
+        policy = load_policy("embedded") if args.init is None else load_policy("hf", str(args.init))
+        steps, teacher_reward = teacher_steps(shop, goals, generate_agent(policy, args.max_prompt_tokens),
+                                              args.hasty, args.seed)
+    agent = generate_agent(policy, args.max_prompt_tokens)
+    pairs = encode_steps(agent, steps)
     data = encode_pairs(pairs)
     print(f"{len(pairs)} teacher steps from {len(goals)} train goals (teacher reward {teacher_reward:.3f}; "
           f"{len(data)} length buckets); {time.perf_counter() - started:.0f} s", flush=True)
@@ -184,9 +242,11 @@ def main(argv: list[str] | None = None) -> dict:
 
         res = evaluate_policy(policy.config, params, agent, shop, list(shop.split("eval"))[: args.eval_goals],
                               max_steps=MAX_STEPS, max_new_tokens=MAX_REPLY_TOKENS)
-        report["eval"] = {"goals": args.eval_goals, "score": res["score"], "success_rate": res["success_rate"]}
-        print(f"greedy generate mode on {args.eval_goals} eval goals: score {res['score']:.1f}", flush=True)
-    write_folder(args.out, policy.config, params, policy.tokenizer)
+        report["eval"] = {"goals": args.eval_goals, "score": res["score"], "success_rate": res["success_rate"],
+                          "invalid_action_rate": res["invalid_action_rate"]}
+        print(f"greedy generate mode on {args.eval_goals} eval goals: score {res['score']:.1f}, invalid actions "
+              f"{100 * res['invalid_action_rate']:.0f}%", flush=True)
+    write_folder(args.out, policy.config, params, policy.tokenizer, model)
     report["seconds"] = time.perf_counter() - started
     (args.out / "pretrain_report.json").write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report), flush=True)

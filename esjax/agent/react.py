@@ -95,8 +95,11 @@ class GenerateAgent:
         return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
 
     def prompt_ids(self, observation: str, available: Mapping[str, Any], memory: GenMemory) -> list[int]:
-        ids = list(self.tokenizer.encode(self.prompt_text(observation, available, memory),
-                                         add_special_tokens=False).ids)
+        return self.encode_prompt(self.prompt_text(observation, available, memory))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A rendered prompt's ids within ``max_prompt_tokens`` (head and tail kept)."""
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
         limit = self.max_prompt_tokens
         if len(ids) > limit:
             head = limit // 2

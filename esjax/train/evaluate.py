@@ -41,6 +41,7 @@ def evaluate_policy(model_config: ModelConfig, params: Any, agent: WebShopAgent 
     recorder = TraceRecorder() if traces else None
     lines: list[dict[str, Any] | None] = [None] * len(goals)
     rewards = np.zeros(len(goals))
+    actions = invalid = 0
     started = 0
     while started < len(goals) or engine.live:
         while started < len(goals) and engine.free:
@@ -53,6 +54,8 @@ def evaluate_policy(model_config: ModelConfig, params: Any, agent: WebShopAgent 
                 recorder.observe(episode.position, episode)
         for episode in finished:
             rewards[episode.position] = episode.reward
+            actions += len(episode.trace)
+            invalid += getattr(episode, "invalid_actions", 0)
             if recorder is not None:
                 lines[episode.position] = recorder.line(episode.position, episode, episode.reward, max_steps,
                                                         position=episode.position)
@@ -60,6 +63,8 @@ def evaluate_policy(model_config: ModelConfig, params: Any, agent: WebShopAgent 
            "success_rate": float(np.mean(rewards == 1.0)) if len(goals) else 0.0,
            **eval_intervals(rewards.tolist()), "goals": len(goals), "goal_indices": [int(g) for g in goals],
            "rewards": rewards.tolist(), "success": (rewards == 1.0).tolist()}
+    if isinstance(agent, GenerateAgent):  # written actions can be invalid (WebShop's no-op)
+        out["invalid_action_rate"] = invalid / actions if actions else 0.0
     if recorder is not None:
         out["traces"] = lines
     return out
