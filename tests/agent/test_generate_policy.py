@@ -39,3 +39,33 @@ def test_quick_mode_is_deterministic(tmp_path):
     second = recipe.main(["--quick", "--out", str(tmp_path / "b")])
     assert first["digest"] == second["digest"] != first["init_digest"]  # it trained, and the same way twice
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+
+
+def test_whole_pieces_are_single_tokens_wherever_they_occur():
+    from esjax.agent.tokenizer import train_bpe
+
+    tok = train_bpe(["click the item then buy now", "search for red shoes"], 300, whole_pieces=["b07hrfsnl4"])
+    ids = tok.encode("click[b07hrfsnl4], click[b07hrfsnl5]").ids
+    piece = tok.token_to_id("b07hrfsnl4")
+    assert piece is not None and ids.count(piece) == 1  # one token; a near miss is spelled out
+    assert tok.decode(ids) == "click[b07hrfsnl4], click[b07hrfsnl5]"
+
+
+def test_scratch_quick_mode_is_deterministic_and_copies_product_ids_as_one_token(tmp_path):
+    args = ["--quick", "--scratch", "--asin-tokens", "--layers", "3", "--prompt-loss", "0.2"]
+    first = recipe.main([*args, "--out", str(tmp_path / "a")])
+    second = recipe.main([*args, "--out", str(tmp_path / "b")])
+    assert first["digest"] == second["digest"] != first["init_digest"]
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+    from envs.webshop_bridge import load_webshop
+    from esjax.agent.policy import load_policy
+
+    policy = load_policy("hf", str(tmp_path / "a"))
+    shop = load_webshop(recipe.DATA, seed=recipe.CATALOG_SEED)
+    asin = shop.product(0).asin.lower()
+    agent = recipe.generate_agent(policy)
+    assert len(agent.tokenizer.encode(f" click[{asin}]").ids) == 4  # ' click', '[', the id, ']'
+    assert policy.config.num_layers == 3 and policy.config.vocab_size >= agent.tokenizer.get_vocab_size()
+    assert agent.chat_template is not None and agent.stop_token_ids == {1}

@@ -261,6 +261,18 @@ def test_invalid_actions_are_noops_and_counted(shop, hf_policy):
                                                                          "search[red shirt]")]
 
 
+def test_greedy_evaluation_reports_the_invalid_action_rate(shop, hf_policy):
+    from esjax.config import load_config
+    from esjax.train.evaluate import evaluate_policy
+    from esjax.train.parts import build_generate_agent
+
+    agent = build_generate_agent(load_config(None, ["agent.mode=generate", "agent.max_prompt_tokens=256"]).agent,
+                                 hf_policy)
+    res = evaluate_policy(hf_policy.config, hf_policy.params, agent, shop, [1500, 1501], max_steps=2,
+                          max_new_tokens=4)
+    assert res["score"] == 0.0 and res["invalid_action_rate"] == 1.0  # the random model never writes an action
+
+
 # ------------------------------------------------------------------------------------------------ the trainer
 BASE = ["run.progress=false", "run.plots=false", "run.updates=3", "run.eval_every=2", "run.checkpoint_every=1",
         "run.keep_checkpoints=100", "es.population=4", "es.rank=1", "es.sigma=0.05", "es.learning_rate=0.01",
