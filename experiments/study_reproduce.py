@@ -23,16 +23,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from esjax.rundir.metrics import read_metrics, untimed  # noqa: E402
 from experiments import staleness_grid  # noqa: E402
 from experiments.study_report import DATA, RECORDS, REPRODUCIBILITY  # noqa: E402
 
-#: Fields of metrics records that measure time (they differ between two runs of the same config).
-TIMING = frozenset({"wall_time", "seconds", "episodes_per_s", "tokens_per_s", "eval_seconds", "update_seconds"})
-
 
 def untimed_records(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in lines if line.strip()]
+    return untimed(read_metrics(run_dir / "metrics.jsonl"))
 
 
 def traces(run_dir: Path) -> dict[str, bytes]:

@@ -1,15 +1,10 @@
-"""Run settings the training tests share: ``--set`` lists for small runs, and the record fields that measure time
-(left out when two runs' records are compared)."""
+"""Run settings the training tests share: ``--set`` lists for small runs, and reading a run's records."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-
-#: Fields of metrics records that measure time (they differ between two runs of the same config).
-TIMING = frozenset({"wall_time", "seconds", "episodes_per_s", "tokens_per_s", "eval_seconds", "update_seconds"})
 
 #: No live progress display and no plots (tests read the records).
 QUIET = ["run.progress=false", "run.plots=false"]
@@ -17,12 +12,6 @@ QUIET = ["run.progress=false", "run.plots=false"]
 #: A minimal random-weights run: a 30-product synthetic shop, 4 members of one episode each, 2 evaluation goals.
 SMALL_RANDOM = ["model.source=random", "env.num_products=30", "es.population=4", "schedule.slots=4",
                 "env.tasks_per_member=1", "env.eval_goals=2", *QUIET]
-
-
-def untimed(records: Iterable[dict[str, Any]], timing: Iterable[str] = TIMING) -> list[dict[str, Any]]:
-    """The records with their timing fields left out."""
-    drop = set(timing)
-    return [{k: v for k, v in r.items() if k not in drop} for r in records]
 
 
 def tiny_random(*, updates: int, eval_every: int, checkpoint_every: int, population: int, eval_goals: int,

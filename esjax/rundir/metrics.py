@@ -17,6 +17,17 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+#: Fields of metrics records that measure time: they differ between two runs of the same config, so comparisons of
+#: runs (resume tests, the study's reproducibility check) leave them out.
+TIMING_FIELDS = frozenset({"wall_time", "seconds", "episodes_per_s", "tokens_per_s", "eval_seconds",
+                           "update_seconds"})
+
+
+def untimed(records: Iterable[dict[str, Any]], timing: Iterable[str] = TIMING_FIELDS) -> list[dict[str, Any]]:
+    """The records with their timing fields left out."""
+    drop = set(timing)
+    return [{k: v for k, v in r.items() if k not in drop} for r in records]
+
 
 def _jsonable(value: Any) -> Any:
     if hasattr(value, "tolist"):

@@ -13,8 +13,9 @@ from pathlib import Path
 import jax
 import numpy as np
 from conftest import REPO, free_port
-from run_settings import read_records, untimed
+from run_settings import read_records
 
+from esjax.rundir.metrics import untimed
 from esjax.train.parts import load_run
 
 # The embedded policy on the packaged real WebShop data (a random model scores 0 everywhere and θ would not move).

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from conftest import same_bits
 from reliability import record
-from run_settings import embedded, read_records, untimed
+from run_settings import embedded, read_records
 
 from esjax.config import load_config
 from esjax.rundir.checkpoint import Checkpointer, StorageError
-from esjax.rundir.metrics import read_metrics
+from esjax.rundir.metrics import read_metrics, untimed
 from esjax.train.parts import load_run
 from esjax.train.session import train
 

@@ -323,12 +323,13 @@ def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch):
     """A run killed right after any checkpoint and resumed ends with the same θ, records and traces. Every
     checkpoint lands with turns in progress (partial replies), so the re-prefill path is exercised."""
     from conftest import reward_by_trace, same_bits, theta_moved
-    from run_settings import read_records, untimed
+    from run_settings import read_records
     from test_trainer_resume import _steps, killed_after
 
     from esjax.config import load_config
     from esjax.loop.generate import GenerateEngine
     from esjax.rundir.checkpoint import read_loop_state
+    from esjax.rundir.metrics import untimed
     from esjax.train.session import train
 
     # the random model never buys: WebShop's reward would be 0 for every member and θ would never move, so

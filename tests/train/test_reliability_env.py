@@ -12,17 +12,18 @@ import time
 import pytest
 from conftest import same_bits, theta_moved
 from reliability import record
-from run_settings import TIMING, tiny_random
+from run_settings import tiny_random
 
 from envs.webshop_bridge import InProcessEnvPool, ProcessEnvPool, ShopSpec, get_shop
 from envs.webshop_bridge.env import WebShopTextEnv
 from esjax.config import load_config
 from esjax.loop.rollout import RolloutEngine
+from esjax.rundir.metrics import TIMING_FIELDS
 from esjax.train.session import train
 
 BASE = tiny_random(updates=3, eval_every=10, checkpoint_every=10, population=8, eval_goals=2, max_steps=6)
 N = 8
-TIMES = TIMING | {"tick"}
+TIMES = TIMING_FIELDS | {"tick"}
 
 
 def _history(records):

@@ -14,10 +14,11 @@ import jax
 import numpy as np
 import pytest
 from conftest import reward_by_trace, same_bits, theta_moved, uneven_episodes
-from run_settings import tiny_random, untimed
+from run_settings import tiny_random
 
 from esjax.config import load_config
 from esjax.rundir.directory import resume_config
+from esjax.rundir.metrics import untimed
 from esjax.train.parts import load_run
 from esjax.train.session import train
 

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from conftest import same_bits, theta_moved
 from ray_fixtures import real_ray
-from run_settings import read_records, untimed
+from run_settings import read_records
 
 from esjax.config import ConfigError, load_config
+from esjax.rundir.metrics import untimed
 from esjax.train.parts import check_extras
 from esjax.train.session import train
 

@@ -32,10 +32,11 @@ from pathlib import Path
 import pytest
 from conftest import REPO, same_bits, theta_moved
 from reliability import record
-from run_settings import embedded, read_records, untimed
+from run_settings import embedded, read_records
 
 from esjax.config import config_to_yaml, load_config
 from esjax.rundir.checkpoint import read_loop_state
+from esjax.rundir.metrics import untimed
 from esjax.rundir.traces import read_traces
 from esjax.train.session import train
 
