@@ -38,6 +38,12 @@ from experiments.records import compact_run  # noqa: E402
 
 DEFAULT_OUT = REPO / "experiments" / "results" / "learning"
 BASE = REPO / "configs" / "default.yaml"
+#: Settings named ``gen-...`` tune generate mode (issue 36): overrides on top of this config instead.
+GENERATE_BASE = REPO / "configs" / "generate.yaml"
+
+
+def base_of(setting: str) -> Path:
+    return GENERATE_BASE if setting.startswith("gen-") else BASE
 
 #: Every run of the study: the eval split, no plots, no mid-run evaluation (before and after only).
 COMMON = ["env.eval_split=eval", "env.eval_goals=500", "run.plots=false", "run.progress=false", "run.traces=eval",
@@ -127,9 +133,9 @@ def run_one(setting: str, seed: int, run_dir: Path, policy: Path | None = None) 
     overrides = [*SETTINGS[setting][1], *COMMON, f"run.seed={seed}", f"run.name={setting}-seed{seed}"]
     if policy is not None:  # a candidate starting policy (an HF folder) instead of the embedded one
         overrides += ["model.source=hf", f"model.path={policy}"]
-    config = load_config(BASE, overrides)
+    config = load_config(base_of(setting), overrides)
     overrides.append(f"run.eval_every={config.run.updates}")
-    config = load_config(BASE, overrides)
+    config = load_config(base_of(setting), overrides)
     started = time.perf_counter()
     result = train(config, run_dir=run_dir, resume=False, overrides=overrides)
     seconds = time.perf_counter() - started

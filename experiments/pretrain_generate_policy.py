@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -62,22 +63,34 @@ def generate_agent(policy, max_prompt_tokens: int = MAX_PROMPT_TOKENS):
     return build_generate_agent(section, policy)
 
 
-def teacher_steps(shop, goals, agent, hasty: float, seed: int, max_steps: int = MAX_STEPS):
+def teacher_steps(shop, goals, agent, hasty: float, seed: int, max_steps: int = MAX_STEPS, *,
+                  recovery: float = 0.0):
     """``(prompt_text, action)`` for every teacher step as generate mode renders it, and the teacher's mean reward.
 
+    ``recovery``: the share of results pages where a wrong click (a catalogue product that is not on the page,
+    WebShop's no-op) comes first; it is not a demonstration, but the teacher's next step, whose prompt carries
+    the invalid-action feedback line, is (so the policy learns to recover instead of repeating it).
     Only ``agent``'s prompt rendering is used (not its tokenizer), so a from-scratch tokenizer can be trained on
     these texts."""
     from envs.webshop_bridge import WebShopTextEnv
+    from esjax.agent.webshop import page_kind
 
     env = WebShopTextEnv(shop)
     rng = np.random.default_rng([seed, 17])  # the scoring recipe's draw: the same episodes are hasty
     hasty_flags = rng.random(len(goals)) < hasty
+    noise = np.random.default_rng([seed, 23])
+    asins = [shop.product(i).asin.lower() for i in range(len(shop))]
     steps, rewards = [], []
     for goal, is_hasty in zip(goals, hasty_flags):
         observation, _ = env.reset(goal)
         teacher, memory, reward = Teacher(env.goal, bool(is_hasty)), agent.new_memory(env.instruction), 0.0
         for _ in range(max_steps):
             available = env.available_actions()
+            if recovery and page_kind(available) == "results" and noise.random() < recovery:
+                wrong = f"click[{asins[noise.integers(len(asins))]}]"
+                if wrong[6:-1] not in available.get("clickables", []):
+                    observation, _, _, info = env.step(wrong)
+                    agent.remember(memory, " " + wrong, wrong, info)
             action = teacher.act(observation, available)
             if action is None:
                 break
@@ -89,6 +102,45 @@ def teacher_steps(shop, goals, agent, hasty: float, seed: int, max_steps: int = 
                 break
         rewards.append(reward)
     return steps, float(np.mean(rewards)) if rewards else 0.0
+
+
+ASIN = re.compile(r"\b[Bb]0[0-9A-Za-z]{8}\b")
+
+
+def copy_variants(steps, shop, share: float, seed: int):
+    """Extra demonstrations that can only be imitated by copying from the prompt (not by recalling the train
+    goals): for a ``share`` of the search steps, the instruction replaced by a new one (another goal's words,
+    shuffled); for a ``share`` of the clicks on a product, every product id on the page and in the action renamed to
+    other catalogue ids (one consistent renaming per step)."""
+    rng = np.random.default_rng([seed, 31])
+    asins = [shop.product(i).asin.lower() for i in range(len(shop))]
+    instructions = [text for text in dict.fromkeys(shop.goals[i].instruction_text for i in range(len(shop.goals)))]
+    out = []
+    for prompt, action in steps:
+        if rng.random() >= share:
+            continue
+        if action.startswith("search["):
+            original = action[7:-1]
+            words = instructions[rng.integers(len(instructions))].split()
+            rng.shuffle(words)
+            new = " ".join(words)
+            out.append((prompt.replace(original, new), f"search[{new}]"))
+            continue
+        if not ASIN.search(action):  # only clicks on a product need the ids copied
+            continue
+        found = list(dict.fromkeys(a.lower() for a in ASIN.findall(prompt + action)))
+        renamed = dict(zip(found, (asins[i] for i in rng.choice(len(asins), len(found), replace=False))))
+        out.append((rename_ids(prompt, renamed), rename_ids(action, renamed)))
+    return out
+
+
+def rename_ids(text: str, renamed: dict[str, str]) -> str:
+    """``text`` with each product id renamed (lower-case ids as in clicks, upper-case as on the page)."""
+    def sub(match):
+        new = renamed[match.group(0).lower()]
+        return new if match.group(0).islower() else new.upper()
+
+    return ASIN.sub(sub, text)
 
 
 def encode_steps(agent, steps):
@@ -199,6 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--asin-tokens", action="store_true", help="--scratch: one token per catalogue product id")
     p.add_argument("--hidden", type=int, default=64, help="--scratch: hidden size (MLP: 3x)")
     p.add_argument("--layers", type=int, default=2, help="--scratch: decoder layers")
+    p.add_argument("--recovery", type=float, default=0.0,
+                   help="share of results pages where a wrong click precedes the teacher's (recovery demos)")
+    p.add_argument("--copy-variants", type=float, default=0.0,
+                   help="share of steps also demonstrated with a new instruction / renamed product ids")
     p.add_argument("--prompt-loss", type=float, default=0.0, help="weight of the prompt tokens' LM loss")
     p.add_argument("--max-prompt-tokens", type=int, default=MAX_PROMPT_TOKENS, help="the agent's prompt budget")
     p.add_argument("--eval-goals", type=int, default=100, help="eval-split goals scored greedily at the end")
@@ -220,12 +276,14 @@ def main(argv: list[str] | None = None) -> dict:
     model = None
     if args.scratch:
         render = generate_agent(load_policy("embedded"), args.max_prompt_tokens)  # the same chat template
-        steps, teacher_reward = teacher_steps(shop, goals, render, args.hasty, args.seed)
+        steps, teacher_reward = teacher_steps(shop, goals, render, args.hasty, args.seed, recovery=args.recovery)
+        steps += copy_variants(steps, shop, args.copy_variants, args.seed)
         policy, model = scratch_policy(shop, steps, args)
     else:
         policy = load_policy("embedded") if args.init is None else load_policy("hf", str(args.init))
         steps, teacher_reward = teacher_steps(shop, goals, generate_agent(policy, args.max_prompt_tokens),
-                                              args.hasty, args.seed)
+                                              args.hasty, args.seed, recovery=args.recovery)
+        steps += copy_variants(steps, shop, args.copy_variants, args.seed)
     agent = generate_agent(policy, args.max_prompt_tokens)
     pairs = encode_steps(agent, steps)
     data = encode_pairs(pairs)

@@ -17,7 +17,11 @@ from esjax.model.config import ModelConfig, from_hf_dict
 from esjax.model.hf import load_pretrained, render_chat
 from esjax.model.params import init_params
 
-EMBEDDED_POLICY_DIR = Path(__file__).resolve().parents[1] / "assets" / "default_policy"
+#: The policies shipped in the package, by ``model.embedded`` name: ``default`` scores WebShop's candidate actions
+#: (score mode), ``generate`` writes them (generate mode).
+EMBEDDED_POLICIES = {name: Path(__file__).resolve().parents[1] / "assets" / folder
+                     for name, folder in (("default", "default_policy"), ("generate", "generate_policy"))}
+EMBEDDED_POLICY_DIR = EMBEDDED_POLICIES["default"]
 
 #: A tiny Qwen2-architecture config for ``model.source: random`` (tests, smoke runs).
 TINY_RANDOM_CONFIG: dict[str, Any] = {
@@ -49,18 +53,23 @@ class LoadedPolicy:
 
 def load_policy(source: str, path: str | None = None, dtype: str = "float32", *,
                 random_config: Mapping[str, Any] | None = None, seed: int = 0,
-                texts: Callable[[], Iterable[str]] | None = None, mesh: Any = None) -> LoadedPolicy:
+                texts: Callable[[], Iterable[str]] | None = None, mesh: Any = None,
+                embedded: str = "default") -> LoadedPolicy:
     """Load the policy named by a run's ``model`` section.
 
     Args:
-      source: ``'embedded'`` (shipped default), ``'hf'`` (folder at ``path``) or ``'random'``.
+      source: ``'embedded'`` (shipped in the package), ``'hf'`` (folder at ``path``) or ``'random'``.
+      embedded: for ``'embedded'``: which shipped policy (a key of ``EMBEDDED_POLICIES``).
       texts: for ``'random'``: the corpus its BPE tokenizer is trained on (e.g. the shop's text).
     """
     if source in ("embedded", "hf"):
-        folder = EMBEDDED_POLICY_DIR if source == "embedded" else Path(path or "").expanduser()
+        if source == "embedded" and embedded not in EMBEDDED_POLICIES:
+            raise ValueError(f"model.embedded: expected one of {sorted(EMBEDDED_POLICIES)}, got {embedded!r}")
+        folder = EMBEDDED_POLICIES[embedded] if source == "embedded" else Path(path or "").expanduser()
         if source == "embedded" and not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"{folder}: the embedded default policy is missing from this installation "
-                                    "(regenerate it with experiments/pretrain_default_policy.py)")
+            recipe = "pretrain_default_policy" if embedded == "default" else "pretrain_generate_policy"
+            raise FileNotFoundError(f"{folder}: the embedded {embedded} policy is missing from this installation "
+                                    f"(regenerate it with experiments/{recipe}.py)")
         pre = load_pretrained(folder, mesh=mesh, dtype=dtype)
         return LoadedPolicy(pre.config, pre.params, pre.tokenizer, pre.chat_template, pre.special_tokens,
                             pre.path, pre.raw_config)

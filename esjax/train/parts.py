@@ -130,7 +130,7 @@ def build_policy(m: ModelSection, shop, seed: int) -> LoadedPolicy:
 
     try:
         return load_policy(m.source, m.path, m.dtype, random_config=m.random_config, seed=seed,
-                           texts=lambda: shop_texts(shop))
+                           texts=lambda: shop_texts(shop), embedded=m.embedded)
     except (ModelFileError, ModelConfigError) as err:  # a missing, corrupt or unsupported model file: one line
         key = "model.random_config" if m.source == "random" else "model.path"
         raise ConfigError(f"{key}: {err}") from None
