@@ -13,6 +13,7 @@ inverse, and keeping them side by side is how they stay so.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -292,6 +293,13 @@ def load_chat_template(model_dir: str | os.PathLike) -> str | None:
 def render_chat(template: str, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                 **variables: Any) -> str:
     """Render a HF chat template with jinja2, in the same sandboxed environment transformers uses."""
+    return _compiled_chat_template(template).render(messages=list(messages),
+                                                    add_generation_prompt=add_generation_prompt, **variables)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_chat_template(template: str) -> Any:
+    """The compiled template (generate mode renders a prompt every turn; compiling it each time cost ~2.5 ms)."""
     import datetime
 
     import jinja2
@@ -308,8 +316,7 @@ def render_chat(template: str, messages: Sequence[Mapping[str, Any]], add_genera
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-    return env.from_string(template).render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                            **variables)
+    return env.from_string(template)
 
 
 @dataclasses.dataclass
