@@ -69,3 +69,33 @@ def test_scratch_quick_mode_is_deterministic_and_copies_product_ids_as_one_token
     assert len(agent.tokenizer.encode(f" click[{asin}]").ids) == 4  # ' click', '[', the id, ']'
     assert policy.config.num_layers == 3 and policy.config.vocab_size >= agent.tokenizer.get_vocab_size()
     assert agent.chat_template is not None and agent.stop_token_ids == {1}
+
+
+def test_the_shipped_generative_policy_writes_valid_actions():
+    """configs/generate.yaml's policy (model.embedded: generate) loads and plays real test goals with actions
+    WebShop accepts: greedy, it searches, opens products and buys."""
+    from envs.webshop_bridge import load_webshop
+    from esjax.agent.policy import load_policy
+    from esjax.config import load_config
+    from esjax.train.evaluate import evaluate_policy
+    from esjax.train.parts import build_generate_agent
+
+    config = load_config(ROOT / "configs" / "generate.yaml")
+    policy = load_policy(config.model.source, embedded=config.model.embedded)
+    agent = build_generate_agent(config.agent, policy)
+    shop = load_webshop(config.env.data, seed=config.env.catalog_seed)
+    res = evaluate_policy(policy.config, policy.params, agent, shop, list(shop.split("test"))[:4],
+                          max_steps=config.env.max_steps, max_new_tokens=config.agent.max_new_tokens, traces=True)
+    actions = [a for line in res["traces"] for a, _ in line["actions"]]
+    assert all(line["actions"][0][0].startswith("search[") for line in res["traces"])
+    assert any(a.startswith("click[") for a in actions) and res["invalid_action_rate"] < 0.5
+    assert res["score"] > 0
+
+
+def test_an_unknown_embedded_policy_is_a_clear_error():
+    import pytest
+
+    from esjax.agent.policy import load_policy
+
+    with pytest.raises(ValueError, match="model.embedded"):
+        load_policy("embedded", embedded="writer")
