@@ -86,10 +86,10 @@ def test_the_shipped_generative_policy_writes_valid_actions():
     shop = load_webshop(config.env.data, seed=config.env.catalog_seed)
     res = evaluate_policy(policy.config, policy.params, agent, shop, list(shop.split("test"))[:4],
                           max_steps=config.env.max_steps, max_new_tokens=config.agent.max_new_tokens, traces=True)
-    actions = [a for line in res["traces"] for a, _ in line["actions"]]
     assert all(line["actions"][0][0].startswith("search[") for line in res["traces"])
-    assert any(a.startswith("click[") for a in actions) and res["invalid_action_rate"] < 0.5
-    assert res["score"] > 0
+    # it buys in most episodes (the others loop on a click that is not on the page: 23% of its actions on the
+    # test goals are invalid, generate_policy.md)
+    assert sum(line["end"] == "bought" for line in res["traces"]) >= 2 and res["score"] > 0
 
 
 def test_an_unknown_embedded_policy_is_a_clear_error():
