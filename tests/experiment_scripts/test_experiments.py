@@ -150,3 +150,13 @@ def test_learning_study_report_reads_the_records_alone(tmp_path):
     assert "(one seed)" in kernels
     rows = [line for line in text.splitlines() if line.startswith("| kernels-r1-s0.03 |")]
     assert "n/a" in rows[1] and "40% → 40%" in [line for line in text.splitlines() if line.startswith("| norms |")][1]
+
+
+def test_every_learning_study_setting_loads_on_its_base_config():
+    from esjax.config import load_config
+    from experiments import learning_study
+
+    for name, (_, overrides) in learning_study.SETTINGS.items():
+        config = load_config(learning_study.base_of(name), [*overrides, *learning_study.COMMON])
+        assert config.env.eval_split == "eval"  # settings are chosen on the eval split, never the test goals
+        assert (config.agent.mode == "generate") == name.startswith("gen-"), name
