@@ -369,3 +369,21 @@ def test_cli_runs_generate_tiny_end_to_end(tmp_path, capsys):
     assert [r["version"] for r in records if r["kind"] == "update"] == [1, 2]
     assert records[-1]["kind"] == "end"
     assert all("invalid_actions" in r for r in records if r["kind"] in ("update", "eval"))
+
+
+def test_generate_yaml_runs_and_moves_theta(tmp_path, capsys):
+    """``configs/generate.yaml`` (the embedded generative policy) end to end in a few small updates: the policy
+    writes actions WebShop accepts and each update moves θ."""
+    from esjax.cli.common import run_cli
+    from esjax.cli.run import main
+
+    small = ["run.updates=2", "run.eval_every=2", "run.progress=false", "run.plots=false", "es.population=4",
+             "schedule.slots=4", "env.tasks_per_member=2", "env.eval_goals=2", "env.max_steps=6"]
+    with pytest.raises(SystemExit) as info:
+        run_cli(main, ["--config", str(REPO / "configs" / "generate.yaml"), *[a for s in small for a in ("--set", s)],
+                       "--run-dir", str(tmp_path / "run")])
+    assert info.value.code == 0, capsys.readouterr().err[-2000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    updates = [r for r in records if r["kind"] == "update"]
+    assert [r["version"] for r in updates] == [1, 2] and all(r["update_norm"] > 0 for r in updates)
+    assert any(r["fitness_max"] > 0 for r in updates)  # some member bought something worth a reward
