@@ -139,9 +139,10 @@ def run_one(setting: str, seed: int, run_dir: Path, policy: Path | None = None) 
     overrides = [*SETTINGS[setting][1], *COMMON, f"run.seed={seed}", f"run.name={setting}-seed{seed}"]
     if policy is not None:  # a candidate starting policy (an HF folder) instead of the embedded one
         overrides += ["model.source=hf", f"model.path={policy}"]
-    config = load_config(base_of(setting), overrides)
+    base = base_of(setting)
+    config = load_config(base, overrides)
     overrides.append(f"run.eval_every={config.run.updates}")
-    config = load_config(base_of(setting), overrides)
+    config = load_config(base, overrides)
     started = time.perf_counter()
     result = train(config, run_dir=run_dir, resume=False, overrides=overrides)
     seconds = time.perf_counter() - started

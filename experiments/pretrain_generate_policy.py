@@ -79,7 +79,7 @@ def teacher_steps(shop, goals, agent, hasty: float, seed: int, max_steps: int = 
     rng = np.random.default_rng([seed, 17])  # the scoring recipe's draw: the same episodes are hasty
     hasty_flags = rng.random(len(goals)) < hasty
     noise = np.random.default_rng([seed, 23])
-    asins = [shop.product(i).asin.lower() for i in range(len(shop))]
+    asins = catalogue_ids(shop)
     steps, rewards = [], []
     for goal, is_hasty in zip(goals, hasty_flags):
         observation, _ = env.reset(goal)
@@ -107,14 +107,19 @@ def teacher_steps(shop, goals, agent, hasty: float, seed: int, max_steps: int = 
 ASIN = re.compile(r"\b[Bb]0[0-9A-Za-z]{8}\b")
 
 
+def catalogue_ids(shop) -> list[str]:
+    """The catalogue's product ids as clicks write them (lower case), in catalogue order."""
+    return [shop.product(i).asin.lower() for i in range(len(shop))]
+
+
 def copy_variants(steps, shop, share: float, seed: int):
     """Extra demonstrations that can only be imitated by copying from the prompt (not by recalling the train
     goals): for a ``share`` of the search steps, the instruction replaced by a new one (another goal's words,
     shuffled); for a ``share`` of the clicks on a product, every product id on the page and in the action renamed to
     other catalogue ids (one consistent renaming per step)."""
     rng = np.random.default_rng([seed, 31])
-    asins = [shop.product(i).asin.lower() for i in range(len(shop))]
-    instructions = [text for text in dict.fromkeys(shop.goals[i].instruction_text for i in range(len(shop.goals)))]
+    asins = catalogue_ids(shop)
+    instructions = list(dict.fromkeys(goal.instruction_text for goal in shop.goals))
     out = []
     for prompt, action in steps:
         if rng.random() >= share:
@@ -168,8 +173,7 @@ def scratch_policy(shop, steps, args):
     from esjax.model.params import init_params
 
     corpus = list(dict.fromkeys(t for prompt, action in steps for t in (prompt, " " + action)))
-    asins = [shop.product(i).asin.lower() for i in range(len(shop))] if args.asin_tokens else []
-    tokenizer = train_bpe(corpus, args.vocab, whole_pieces=asins)
+    tokenizer = train_bpe(corpus, args.vocab, whole_pieces=catalogue_ids(shop) if args.asin_tokens else ())
     model = {**MODEL, "vocab_size": -(-tokenizer.get_vocab_size() // 64) * 64, "hidden_size": args.hidden,
              "intermediate_size": 3 * args.hidden, "num_hidden_layers": args.layers}
     config = from_hf_dict({k: v for k, v in model.items() if k != "torch_dtype"}, "scratch model")
@@ -273,17 +277,16 @@ def main(argv: list[str] | None = None) -> dict:
 
     shop = load_webshop(DATA, seed=CATALOG_SEED)
     goals = list(shop.split("train"))[: args.demo_goals]
+    # --scratch: the prompts are rendered by the embedded policy's agent (its chat template is the recipe's, which
+    # the new policy gets), then the new tokenizer is trained on them
+    scratch_or_default = args.scratch or args.init is None
+    policy = load_policy("embedded") if scratch_or_default else load_policy("hf", str(args.init))
+    steps, teacher_reward = teacher_steps(shop, goals, generate_agent(policy, args.max_prompt_tokens), args.hasty,
+                                          args.seed, recovery=args.recovery)
+    steps += copy_variants(steps, shop, args.copy_variants, args.seed)
     model = None
     if args.scratch:
-        render = generate_agent(load_policy("embedded"), args.max_prompt_tokens)  # the same chat template
-        steps, teacher_reward = teacher_steps(shop, goals, render, args.hasty, args.seed, recovery=args.recovery)
-        steps += copy_variants(steps, shop, args.copy_variants, args.seed)
         policy, model = scratch_policy(shop, steps, args)
-    else:
-        policy = load_policy("embedded") if args.init is None else load_policy("hf", str(args.init))
-        steps, teacher_reward = teacher_steps(shop, goals, generate_agent(policy, args.max_prompt_tokens),
-                                              args.hasty, args.seed, recovery=args.recovery)
-        steps += copy_variants(steps, shop, args.copy_variants, args.seed)
     agent = generate_agent(policy, args.max_prompt_tokens)
     pairs = encode_steps(agent, steps)
     data = encode_pairs(pairs)
