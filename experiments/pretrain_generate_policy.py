@@ -63,8 +63,26 @@ def generate_agent(policy, max_prompt_tokens: int = MAX_PROMPT_TOKENS):
     return build_generate_agent(section, policy)
 
 
+class FirstHitTeacher(Teacher):
+    """The recipe's teacher with a rule a policy can read off its prompt: on a results page it opens the first hit
+    (never the goal's product by its hidden id), then clicks the goal's option values (which the instruction
+    names) and buys. On the 500 test goals it scores 74.3 (the oracle's product choice: 92.2; first hit without
+    options, WebShop's "first hit, buy" rule: 53.6), and every one of its decisions is visible in the prompt."""
+
+    def act(self, observation: str, available: dict) -> str | None:
+        from esjax.agent.webshop import page_kind
+
+        if page_kind(available) == "results":
+            products = [c for c in available.get("clickables", []) if c not in ("back to search", "next >", "< prev")]
+            return f"click[{products[0]}]" if products else None
+        return super().act(observation, available)
+
+
+TEACHERS = {"oracle": Teacher, "first-hit": FirstHitTeacher}
+
+
 def teacher_steps(shop, goals, agent, hasty: float, seed: int, max_steps: int = MAX_STEPS, *,
-                  recovery: float = 0.0):
+                  recovery: float = 0.0, teacher: str = "oracle"):
     """``(prompt_text, action)`` for every teacher step as generate mode renders it, and the teacher's mean reward.
 
     ``recovery``: the share of results pages where a wrong click (a catalogue product that is not on the page,
@@ -75,6 +93,7 @@ def teacher_steps(shop, goals, agent, hasty: float, seed: int, max_steps: int = 
     from envs.webshop_bridge import WebShopTextEnv
     from esjax.agent.webshop import page_kind
 
+    rule = TEACHERS[teacher]
     env = WebShopTextEnv(shop)
     rng = np.random.default_rng([seed, 17])  # the scoring recipe's draw: the same episodes are hasty
     hasty_flags = rng.random(len(goals)) < hasty
@@ -83,7 +102,8 @@ def teacher_steps(shop, goals, agent, hasty: float, seed: int, max_steps: int = 
     steps, rewards = [], []
     for goal, is_hasty in zip(goals, hasty_flags):
         observation, _ = env.reset(goal)
-        teacher, memory, reward = Teacher(env.goal, bool(is_hasty)), agent.new_memory(env.instruction), 0.0
+        memory, reward = agent.new_memory(env.instruction), 0.0
+        expert = rule(env.goal, bool(is_hasty))
         for _ in range(max_steps):
             available = env.available_actions()
             if recovery and page_kind(available) == "results" and noise.random() < recovery:
@@ -91,7 +111,7 @@ def teacher_steps(shop, goals, agent, hasty: float, seed: int, max_steps: int = 
                 if wrong[6:-1] not in available.get("clickables", []):
                     observation, _, _, info = env.step(wrong)
                     agent.remember(memory, " " + wrong, wrong, info)
-            action = teacher.act(observation, available)
+            action = expert.act(observation, available)
             if action is None:
                 break
             steps.append((agent.prompt_text(observation, available, memory), action))
@@ -245,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init", type=Path, default=None, help="policy folder to start from (default: the embedded one)")
     p.add_argument("--demo-goals", type=int, default=5410, help="train goals played by the teacher (all: 5,410)")
     p.add_argument("--hasty", type=float, default=0.35, help="share of demonstrations that skip all options")
+    p.add_argument("--teacher", choices=sorted(TEACHERS), default="oracle",
+                   help="results-page rule: the goal's product when on page 1 (oracle) or always the first hit")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
@@ -282,7 +304,7 @@ def main(argv: list[str] | None = None) -> dict:
     scratch_or_default = args.scratch or args.init is None
     policy = load_policy("embedded") if scratch_or_default else load_policy("hf", str(args.init))
     steps, teacher_reward = teacher_steps(shop, goals, generate_agent(policy, args.max_prompt_tokens), args.hasty,
-                                          args.seed, recovery=args.recovery)
+                                          args.seed, recovery=args.recovery, teacher=args.teacher)
     steps += copy_variants(steps, shop, args.copy_variants, args.seed)
     model = None
     if args.scratch:
