@@ -34,6 +34,28 @@ def test_demonstrations_are_generate_mode_prompts_and_written_actions():
         assert (group["target"] <= group["mask"]).all() and group["target"].any(axis=1).all()
 
 
+def test_first_hit_teacher_opens_the_first_result_and_clicks_the_goals_options():
+    """Every decision of the first-hit teacher can be read off the prompt: the first product of the results page
+    (the page's first product click), then option values the goal names, then buy."""
+    from envs.webshop_bridge import load_webshop
+    from esjax.agent.policy import load_policy
+
+    agent = recipe.generate_agent(load_policy("embedded"))
+    shop = load_webshop(recipe.DATA, seed=recipe.CATALOG_SEED)
+    goals = list(shop.split("train"))[:6]
+    steps, reward = recipe.teacher_steps(shop, goals, agent, hasty=0.0, seed=0, teacher="first-hit")
+    assert 0.0 < reward <= 1.0
+    products = [(p, a) for p, a in steps if a.startswith("click[") and recipe.ASIN.fullmatch(a[6:-1])]
+    assert len(products) == len(goals)  # one product opened per episode, never paged
+    for prompt, action in products:
+        listed = prompt.split("Available actions:", 1)[1]
+        assert recipe.ASIN.search(listed).group(0).lower() == action[6:-1]  # the first product on the page
+    named = {v for g in goals for v in shop.goals[g].option_values()}
+    options = [a[6:-1] for _, a in steps if a.startswith("click[") and not recipe.ASIN.fullmatch(a[6:-1])
+               and a != "click[buy now]"]
+    assert options and set(options) <= named
+
+
 def test_quick_mode_is_deterministic(tmp_path):
     first = recipe.main(["--quick", "--out", str(tmp_path / "a")])
     second = recipe.main(["--quick", "--out", str(tmp_path / "b")])
