@@ -130,7 +130,7 @@ def behaviour(lines: Iterable[dict[str, Any]]) -> dict[str, float]:
         words = instruction_words(str(line.get("instruction", "")))
         steps += int(line.get("steps", 0))
         capped += line.get("end") == "max_steps"
-        opened_here, clicked_option = 0, False
+        opened_here, opened_at_buy, clicked_option = 0, 0, False
         for action, _ in line.get("actions", []):
             if action.startswith("search["):
                 searches += 1
@@ -138,9 +138,8 @@ def behaviour(lines: Iterable[dict[str, Any]]) -> dict[str, float]:
             if not (action.startswith("click[") and action.endswith("]")):
                 continue
             target = action[len("click["):-1].lower()
-            if target == "buy now":
-                bought += 1
-                first_page_buys += opened_here == 1
+            if target == "buy now":  # in generate mode a "buy now" off an item page is a no-op, not a buy
+                opened_at_buy = opened_here
             elif target in _BUTTONS:
                 continue
             elif _is_product(target):
@@ -153,6 +152,9 @@ def behaviour(lines: Iterable[dict[str, Any]]) -> dict[str, float]:
                 named += names_value(words, target)  # the option rule's test
                 clicked_option = True
         pages_with_option += clicked_option
+        if line.get("end") == "bought":
+            bought += 1
+            first_page_buys += opened_at_buy == 1
     n = max(episodes, 1)
     return {"episodes": episodes, "searches_per_episode": searches / n, "item_pages_per_episode": opened / n,
             "option_clicks_per_item_page": options / max(opened, 1),

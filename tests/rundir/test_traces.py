@@ -127,6 +127,9 @@ def test_behaviour_counts_what_the_agent_did():
     assert b["step_cap_hits"] == pytest.approx(1 / 3)
     assert b["steps_per_episode"] == pytest.approx((5 + 5 + 15) / 3)
     assert behaviour([])["episodes"] == 0
+    # generate mode: a written "buy now" on the results page is WebShop's no-op, not a purchase
+    noop = behaviour([_line(["search[red scarf]", "click[buy now]", "click[buy now]"], end="max_steps", steps=15)])
+    assert noop["bought"] == 0.0 and noop["bought_on_first_item_page"] == 0.0
 
 
 def test_summary_behaviour_table_reads_the_first_and_last_traces(tmp_path):
