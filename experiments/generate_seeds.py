@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -39,6 +41,15 @@ REPORT = REPO / "experiments" / "results" / "generate_seeds.md"
 SEEDS = (200, 201, 202, 203, 204)
 CELLS: dict[str, list[str]] = {"async-K1": [], "sync": ["schedule.kind=sync"]}
 COMMON = ["run.progress=false", "run.plots=false"]
+#: (key of behaviour.json, label, format) for the report's behaviour table.
+BEHAVIOUR = (("invalid_action_rate", "invalid actions / actions", "{:.1%}"),
+             ("searches_per_episode", "searches / episode", "{:.2f}"),
+             ("item_pages_per_episode", "product clicks / episode (valid or not)", "{:.2f}"),
+             ("option_clicks_per_item_page", "option clicks / product click", "{:.2f}"),
+             ("option_clicks_named_in_instruction", "option clicks the instruction names", "{:.0%}"),
+             ("bought", "episodes that bought", "{:.0%}"),
+             ("step_cap_hits", "step-cap hits", "{:.1%}"),
+             ("steps_per_episode", "steps / episode", "{:.2f}"))
 
 
 def run_dir(cell: str, seed: int, out: Path = OUT) -> Path:
@@ -140,7 +151,13 @@ def report(out: Path = OUT) -> str:
         ci = f"95% CI [{low:+.1f}, {high:+.1f}]" if len(deltas) > 1 else "one seed: no interval"
         missing = [s for s in SEEDS if s not in {r["seed"] for r in runs}]
         lines += ["", f"Paired mean Δ (after − before) over {len(deltas)} seeds: **{mean:+.1f}**, {ci}."
-                  + (f" Not yet run: seeds {', '.join(map(str, missing))}." if missing else ""), ""]
+                  + (f" Not yet run: seeds {', '.join(map(str, missing))}." if missing else ""), "",
+                  "What the greedy agent wrote (evaluation traces, mean over the seeds):", "",
+                  "| | before | after |", "|---|---|---|"]
+        for key, label, fmt in BEHAVIOUR:
+            values = [[r["behaviour"][str(r["evals"][i]["version"])][key] for r in runs] for i in (0, -1)]
+            lines.append(f"| {label} | {fmt.format(np.mean(values[0]))} | {fmt.format(np.mean(values[1]))} |")
+        lines.append("")
     if {"sync", "async-K1"} <= set(found):
         sync = {r["seed"]: r for r in found["sync"]}
         pairs = [(r["evals"][-1]["score"] - r["evals"][0]["score"])
