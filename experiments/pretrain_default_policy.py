@@ -163,7 +163,7 @@ def tokenizer_corpus(shop, steps):
     yield from shop_texts(shop)
 
 
-def _round_up(n: int, m: int) -> int:
+def round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
@@ -193,9 +193,9 @@ def encode_steps(agent, steps, eligible=None):
         n = len(chosen)
         prompts = [agent.encode_prompt(p) for p, _, _ in chosen]
         cands = [[agent.encode_candidate(Candidate(t, "")) for t in cs] for _, cs, _ in chosen]
-        plen = _round_up(max(len(p) for p in prompts), 16)
+        plen = round_up(max(len(p) for p in prompts), 16)
         K = max(len(cs) for cs in cands)
-        clen = _round_up(max(len(c) for cs in cands for c in cs), 8)
+        clen = round_up(max(len(c) for cs in cands for c in cs), 8)
         p_tok, p_mask = left_pad(prompts, n, plen)
         flat = [c for cs in cands for c in cs + [[]] * (K - len(cs))]
         c_tok, c_mask = right_pad(flat, n * K, clen)

@@ -45,6 +45,7 @@ from experiments.pretrain_default_policy import (  # noqa: E402
     jitted_step,
     make_optimizer,
     params_digest,
+    round_up,
     write_folder,
 )
 
@@ -213,7 +214,7 @@ def scratch_policy(shop, steps, args):
 
     corpus = list(dict.fromkeys(t for prompt, action in steps for t in (prompt, " " + action)))
     tokenizer = train_bpe(corpus, args.vocab, whole_pieces=catalogue_ids(shop) if args.asin_tokens else ())
-    model = {**MODEL, "vocab_size": -(-tokenizer.get_vocab_size() // 64) * 64, "hidden_size": args.hidden,
+    model = {**MODEL, "vocab_size": round_up(tokenizer.get_vocab_size(), 64), "hidden_size": args.hidden,
              "intermediate_size": 3 * args.hidden, "num_hidden_layers": args.layers}
     config = from_hf_dict({k: v for k, v in model.items() if k != "torch_dtype"}, "scratch model")
     params = init_params(config, jax.random.key(args.seed))
@@ -224,7 +225,7 @@ def encode_pairs(pairs, bucket: int = 64):
     """Right-padded ``tokens``, ``mask`` and the reply-token ``target`` mask, grouped by padded length."""
     groups: dict[str, list] = {}
     for prompt, reply in pairs:
-        length = -(-(len(prompt) + len(reply)) // bucket) * bucket
+        length = round_up(len(prompt) + len(reply), bucket)
         groups.setdefault(f"len{length:04d}", []).append((prompt, reply))
     out = {}
     for key, chosen in sorted(groups.items()):
