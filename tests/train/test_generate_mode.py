@@ -355,6 +355,33 @@ def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch):
             assert (run_dir / "traces" / path.name).read_bytes() == path.read_bytes(), (step, path.name)
 
 
+def test_resume_of_generate_yaml_is_bit_identical_with_webshops_own_reward(tmp_path):
+    """configs/generate.yaml's policy earns WebShop's real reward, so θ moves without any patched reward; a run
+    killed after any of its checkpoints and resumed still ends bit-identical (θ, records, traces)."""
+    from conftest import same_bits, theta_moved
+    from run_settings import read_records
+    from test_trainer_resume import _steps, killed_after
+
+    from esjax.config import load_config
+    from esjax.rundir.metrics import untimed
+    from esjax.train.session import train
+
+    small = ["run.updates=3", "run.eval_every=2", "run.checkpoint_every=1", "run.keep_checkpoints=100",
+             "run.progress=false", "run.plots=false", "es.population=4", "schedule.slots=3",
+             "env.tasks_per_member=2", "env.eval_goals=2", "env.max_steps=6", "agent.decode_steps=2"]
+    reference = train(load_config(REPO / "configs" / "generate.yaml", small), run_dir=tmp_path / "reference")
+    records = untimed(read_records(reference.run_dir))
+    assert theta_moved(records)
+    assert any(r["fitness_max"] > 0 for r in records if r["kind"] == "update")  # a real purchase's reward
+    for step in _steps(reference.run_dir)[:-1]:
+        run_dir = killed_after(reference.run_dir, step, tmp_path / f"from-{step}")
+        resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
+        assert same_bits(resumed.params, reference.params)
+        assert untimed(read_records(run_dir)) == records, f"records differ after resuming from {step}"
+        for path in sorted((reference.run_dir / "traces").iterdir()):
+            assert (run_dir / "traces" / path.name).read_bytes() == path.read_bytes(), (step, path.name)
+
+
 def test_cli_runs_generate_tiny_end_to_end(tmp_path, capsys):
     """``python -m esjax.run --config configs/generate-tiny.yaml``, in this process (the CLI as its own process:
     tests/config/test_config.py::test_cli_exits_with_one_line_and_no_traceback)."""
