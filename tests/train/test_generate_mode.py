@@ -319,12 +319,32 @@ def test_stale_members_generate_with_their_own_versions_parameters(tmp_path, mon
     assert any(v < current for (v,), _, _, current in calls), "no stale row: nothing was checked"
 
 
+def resumes_are_bit_identical(reference, records, tmp_path) -> None:
+    """The finished run ``reference``, killed after each of its checkpoints but the last and resumed, ends with
+    the same θ, the same records (``records``: the reference's, untimed) and the same trace files."""
+    from conftest import same_bits
+    from run_settings import read_records
+    from test_trainer_resume import _steps, killed_after
+
+    from esjax.config import load_config
+    from esjax.rundir.metrics import untimed
+    from esjax.train.session import train
+
+    for step in _steps(reference.run_dir)[:-1]:
+        run_dir = killed_after(reference.run_dir, step, tmp_path / f"from-{step}")
+        resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
+        assert same_bits(resumed.params, reference.params)
+        assert untimed(read_records(run_dir)) == records, f"records differ after resuming from {step}"
+        for path in sorted((reference.run_dir / "traces").iterdir()):
+            assert (run_dir / "traces" / path.name).read_bytes() == path.read_bytes(), (step, path.name)
+
+
 def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch):
     """A run killed right after any checkpoint and resumed ends with the same θ, records and traces. Every
     checkpoint lands with turns in progress (partial replies), so the re-prefill path is exercised."""
-    from conftest import reward_by_trace, same_bits, theta_moved
+    from conftest import reward_by_trace, theta_moved
     from run_settings import read_records
-    from test_trainer_resume import _steps, killed_after
+    from test_trainer_resume import _steps
 
     from esjax.config import load_config
     from esjax.loop.generate import GenerateEngine
@@ -346,21 +366,14 @@ def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch):
     steps = _steps(reference.run_dir)
     partial = [e for s in steps for e in read_loop_state(reference.run_dir, s)["episodes"] if e["partial"]]
     assert partial, "no checkpoint caught a reply in progress: the test would not exercise the re-prefill"
-    for step in steps[:-1]:
-        run_dir = killed_after(reference.run_dir, step, tmp_path / f"from-{step}")
-        resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
-        assert same_bits(resumed.params, reference.params)
-        assert untimed(read_records(run_dir)) == records, f"records differ after resuming from {step}"
-        for path in sorted((reference.run_dir / "traces").iterdir()):
-            assert (run_dir / "traces" / path.name).read_bytes() == path.read_bytes(), (step, path.name)
+    resumes_are_bit_identical(reference, records, tmp_path)
 
 
 def test_resume_of_generate_yaml_is_bit_identical_with_webshops_own_reward(tmp_path):
     """configs/generate.yaml's policy earns WebShop's real reward, so θ moves without any patched reward; a run
     killed after any of its checkpoints and resumed still ends bit-identical (θ, records, traces)."""
-    from conftest import same_bits, theta_moved
+    from conftest import theta_moved
     from run_settings import read_records
-    from test_trainer_resume import _steps, killed_after
 
     from esjax.config import load_config
     from esjax.rundir.metrics import untimed
@@ -373,13 +386,7 @@ def test_resume_of_generate_yaml_is_bit_identical_with_webshops_own_reward(tmp_p
     records = untimed(read_records(reference.run_dir))
     assert theta_moved(records)
     assert any(r["fitness_max"] > 0 for r in records if r["kind"] == "update")  # a real purchase's reward
-    for step in _steps(reference.run_dir)[:-1]:
-        run_dir = killed_after(reference.run_dir, step, tmp_path / f"from-{step}")
-        resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
-        assert same_bits(resumed.params, reference.params)
-        assert untimed(read_records(run_dir)) == records, f"records differ after resuming from {step}"
-        for path in sorted((reference.run_dir / "traces").iterdir()):
-            assert (run_dir / "traces" / path.name).read_bytes() == path.read_bytes(), (step, path.name)
+    resumes_are_bit_identical(reference, records, tmp_path)
 
 
 def test_cli_runs_generate_tiny_end_to_end(tmp_path, capsys):
