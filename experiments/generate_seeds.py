@@ -75,15 +75,16 @@ def eval_behaviour(path: Path) -> dict[str, dict]:
     return out
 
 
-def run_one(cell: str, seed: int, out: Path = OUT) -> dict:
-    """One run in a child process; its records compacted into ``run_dir(cell, seed)``."""
+def run_one(cell: str, seed: int, out: Path = OUT, extra: tuple[str, ...] = ()) -> dict:
+    """One run in a child process; its records compacted into ``run_dir(cell, seed)``. ``extra``: overrides
+    after the cell's (tests shrink the run with them; the evidence runs use none)."""
     path = run_dir(cell, seed, out)
     if path.exists():  # a run interrupted before it finished starts over (the records must come from one process)
         import shutil
 
         shutil.rmtree(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    sets = [*CELLS[cell], *COMMON, f"run.seed={seed}"]
+    sets = [*CELLS[cell], *COMMON, f"run.seed={seed}", *extra]
     argv = [sys.executable, "-m", "esjax.run", "--config", str(CONFIG), *(a for s in sets for a in ("--set", s)),
             "--run-dir", str(path)]
     started, load = time.perf_counter(), os.getloadavg()[0]
