@@ -102,7 +102,7 @@ SETTINGS: dict[str, tuple[str, list[str]]] = {
     "kernels-r1-s0.003": ("every kernel, low-rank r = 1, σ 0.003, lr 0.0005",
                           [*KERNELS, "es.rank=1", "es.sigma=0.003", "es.learning_rate=0.0005"]),
     # Generate mode (issue 36), on configs/generate.yaml (the provisional generative policy; σ 0.05 breaks it):
-    "gen-base": ("configs/generate.yaml as shipped (σ 0.01, lr 0.001, N 32 × 8 goals, temperature 0.3)", []),
+    "gen-base": ("configs/generate.yaml as shipped (σ 0.02, lr 0.0005, N 32 × 8 goals, temperature 0.3)", []),
     "gen-lr0.0003": ("lr 0.0003 (a third of the step: two probe-2 trials rose by v10 and fell by v20)",
                      ["es.learning_rate=0.0003"]),
     "gen-goals16": ("16 train goals per member (less noisy fitness)", ["env.tasks_per_member=16"]),

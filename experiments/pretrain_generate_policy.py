@@ -64,16 +64,33 @@ def generate_agent(policy, max_prompt_tokens: int = MAX_PROMPT_TOKENS):
     return build_generate_agent(section, policy)
 
 
+def whole_instruction(instruction: str) -> str:
+    return instruction
+
+
+def keywords(instruction: str) -> str:
+    """A WebShop instruction without its leading "Find me" and trailing ", and price lower than N dollars"."""
+    text = re.sub(r",? and price lower than [\d.]+ dollars\s*$", "", instruction.strip())
+    return re.sub(r"^Find me ", "", text)
+
+
 class FirstHitTeacher(Teacher):
     """The recipe's teacher with a rule a policy can read off its prompt: on a results page it opens the first hit
     (never the goal's product by its hidden id), then clicks the goal's option values (which the instruction
     names) and buys. On the 500 test goals it scores 74.3 (the oracle's product choice: 92.2; first hit without
-    options, WebShop's "first hit, buy" rule: 53.6), and every one of its decisions is visible in the prompt."""
+    options, WebShop's "first hit, buy" rule: 53.6), and every one of its decisions is visible in the prompt.
+
+    ``query`` is what it searches for, given the instruction."""
+
+    query = staticmethod(whole_instruction)
 
     def act(self, observation: str, available: dict) -> str | None:
         from esjax.agent.webshop import page_kind
 
-        if page_kind(available) == "results":
+        kind = page_kind(available)
+        if kind == "search":
+            return f"search[{self.query(self.goal.instruction_text)}]"
+        if kind == "results":
             products = [c for c in available.get("clickables", []) if c not in ("back to search", "next >", "< prev")]
             return f"click[{products[0]}]" if products else None
         return super().act(observation, available)
@@ -84,18 +101,7 @@ class KeywordTeacher(FirstHitTeacher):
     (~10 tokens fewer, no digits) that also ranks better (78.0 on the 500 test goals vs 74.3 for the whole
     instruction; dropping the option clauses too costs 27 points: their words find the right product)."""
 
-    def act(self, observation: str, available: dict) -> str | None:
-        from esjax.agent.webshop import page_kind
-
-        if page_kind(available) == "search":
-            return f"search[{keywords(self.goal.instruction_text)}]"
-        return super().act(observation, available)
-
-
-def keywords(instruction: str) -> str:
-    """A WebShop instruction without its leading "Find me" and trailing ", and price lower than N dollars"."""
-    text = re.sub(r",? and price lower than [\d.]+ dollars\s*$", "", instruction.strip())
-    return re.sub(r"^Find me ", "", text)
+    query = staticmethod(keywords)
 
 
 TEACHERS = {"oracle": Teacher, "first-hit": FirstHitTeacher, "first-hit-keywords": KeywordTeacher}
@@ -152,7 +158,7 @@ def catalogue_ids(shop) -> list[str]:
     return [shop.product(i).asin.lower() for i in range(len(shop))]
 
 
-def copy_variants(steps, shop, share: float, seed: int, query=lambda instruction: instruction):
+def copy_variants(steps, shop, share: float, seed: int, query=whole_instruction):
     """Extra demonstrations that can only be imitated by copying from the prompt (not by recalling the train
     goals): for a ``share`` of the search steps, the searched part of the instruction (``query`` of it) replaced
     by another goal's, its words shuffled; for a ``share`` of the clicks on a product, every product id on the
@@ -326,7 +332,7 @@ def main(argv: list[str] | None = None) -> dict:
     steps, teacher_reward = teacher_steps(shop, goals, generate_agent(policy, args.max_prompt_tokens), args.hasty,
                                           args.seed, recovery=args.recovery, teacher=args.teacher)
     steps += copy_variants(steps, shop, args.copy_variants, args.seed,
-                           keywords if args.teacher == "first-hit-keywords" else lambda instruction: instruction)
+                           getattr(TEACHERS[args.teacher], "query", whole_instruction))
     model = None
     if args.scratch:
         policy, model = scratch_policy(shop, steps, args)
