@@ -25,7 +25,7 @@ import numpy as np
 from esjax.agent.batching import check_ids, left_pad, pad_perturbation
 from esjax.agent.buckets import DEFAULT_BUCKETS, Buckets, next_power_of_two
 from esjax.model.config import ModelConfig
-from esjax.model.decoder import default_positions, forward, init_cache
+from esjax.model.decoder import default_positions, forward, forward_last, init_cache
 from esjax.model.perturb import Perturbation, prepare_jit
 from esjax.model.sharding import put_batch
 
@@ -59,8 +59,8 @@ def _prefill(config: ModelConfig, params, perturbation, tokens, mask, keys, temp
     rows = tokens.shape[0]
     cache = init_cache(config, rows, cache_len, params["embed"]["embedding"].dtype)
     positions = default_positions(mask)
-    logits, cache = forward(config, params, tokens, positions, mask, cache, perturbation)
-    first = sample_tokens(logits[:, -1], keys, jnp.zeros((), jnp.int32), temperature, top_p, greedy, use_top_p)
+    logits, cache = forward_last(config, params, tokens, positions, mask, cache, perturbation)
+    first = sample_tokens(logits, keys, jnp.zeros((), jnp.int32), temperature, top_p, greedy, use_top_p)
     next_pos = positions[:, -1] + 1
     return cache, first, next_pos, jnp.isin(first, stop_ids)
 

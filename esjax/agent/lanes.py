@@ -37,7 +37,7 @@ from esjax.agent.batching import left_pad
 from esjax.agent.buckets import Buckets, next_power_of_two
 from esjax.agent.generation import top_p_filter
 from esjax.model.config import ModelConfig
-from esjax.model.decoder import default_positions, forward, init_cache
+from esjax.model.decoder import default_positions, forward, forward_last, init_cache
 from esjax.model.perturb import Perturbation, Prepared, prepare_jit
 
 #: Prompt lengths of a prefill are padded to these (each is a compiled program): ~1.5x apart.
@@ -93,8 +93,8 @@ def _prefill(config: ModelConfig, sampling: Sampling, params, prepared: Prepared
     """Prompts ``[n, P]`` (left-padded) into a fresh cache; returns its keys / values and each row's next token."""
     rows, length = tokens.shape
     cache = init_cache(config, rows, length, params["embed"]["embedding"].dtype)
-    logits, cache = forward(config, params, tokens, default_positions(mask), mask, cache, prepared)
-    first = sample_rows(logits[:, -1], turn_keys(lo, hi), counts, greedy, sampling)
+    logits, cache = forward_last(config, params, tokens, default_positions(mask), mask, cache, prepared)
+    first = sample_rows(logits, turn_keys(lo, hi), counts, greedy, sampling)
     return cache["k"], cache["v"], first
 
 

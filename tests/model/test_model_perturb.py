@@ -21,7 +21,7 @@ from esjax.es.noise import (
     path_str,
     perturbed_params,
 )
-from esjax.model.decoder import forward_jit, init_cache
+from esjax.model.decoder import forward_jit, forward_last, init_cache
 from esjax.model.params import (
     check_params,
     init_params,
@@ -172,6 +172,24 @@ def test_perturbed_forward_with_cache_matches_full_sequence(model, spec):
     assert int(cache["index"]) == T
     got = np.concatenate([np.asarray(first), np.asarray(rest)], axis=1)
     assert np.abs(got - np.asarray(full)).max() <= 2e-5
+
+
+@pytest.mark.parametrize("spec, tied", [(LOWRANK, False), (LOWRANK, True), (FULL, True)],
+                         ids=["lowrank", "lowrank-tied", "full-tied"])
+def test_last_position_logits_equal_the_full_forwards_last_column(spec, tied):
+    """A prefill's head runs at the last position only (forward_last): the cache is unchanged and the logits equal
+    the full forward's last column up to float rounding of the perturbed head (bit for bit when the head is not
+    perturbed, as for the embedded generative policy)."""
+    config, params, tokens = _model(tied)
+    prepared = prepare_jit(_pert(spec), params)
+    B, T = tokens.shape
+    full, full_cache = forward_jit(config, params, tokens, None, None, init_cache(config, B, 16), prepared)
+    last, last_cache = jax.jit(lambda p, t, c: forward_last(config, p, t, None, None, c, prepared))(
+        params, tokens, init_cache(config, B, 16))
+    assert last.shape == (B, config.vocab_size)
+    np.testing.assert_allclose(np.asarray(last), np.asarray(full)[:, -1], rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(np.argmax(last, -1), np.argmax(np.asarray(full)[:, -1], -1))
+    np.testing.assert_array_equal(np.asarray(last_cache["k"]), np.asarray(full_cache["k"]))
 
 
 def test_bfloat16_lowrank_forward_close_to_float32(model):
