@@ -1,0 +1,27 @@
+"""experiments/es_direction_probe.py on the shipped generative policy at toy size: one cohort, one line search."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments import es_direction_probe
+
+
+@pytest.mark.slow
+def test_line_search_record_is_paired_with_the_centre(tmp_path, capsys):
+    out = tmp_path / "probe.jsonl"
+    es_direction_probe.main(["--members", "4", "--goals", "2", "--eval-goals", "3", "--estimates", "1",
+                             "--etas", "0,0.003", "--out", str(out)])
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert record["members"] == 4 and record["eval_goals"] == 3 and record["entries"] > 0
+    assert 0 <= record["centre"] <= 100
+    assert record["split_half_reliability"] is None or -1 <= record["split_half_reliability"] <= 1
+    steps = {(s["direction"], s["eta"]): s for s in record["steps"]}
+    assert set(steps) == {("es", 0.0), ("es", 0.003), ("shuffled", 0.0), ("shuffled", 0.003)}
+    for (_, eta), s in steps.items():
+        assert s["delta"] == pytest.approx(s["score"] - record["centre"])
+        if eta == 0:  # θ + 0·g is θ: the same episodes as the centre
+            assert s["delta"] == 0 and s["changed_goals"] == 0 and s["step_per_entry"] == 0
+    assert "split-half reliability" in capsys.readouterr().out
