@@ -18,6 +18,13 @@ cost nothing. Printed:
     python benchmarks/rollout.py                                  # configs/default.yaml, 3 updates
     python benchmarks/rollout.py --model 30m --updates 1          # a ~30M-parameter Qwen2-shaped random model
     python benchmarks/rollout.py --quick                          # seconds: tiny random model (tests)
+    python benchmarks/rollout.py --simulate-device 0.9            # no model: a device taking 0.9 ms per row
+
+``--simulate-device MS`` predicts the loop on an accelerator from a CPU: every policy call still does its host
+work (prompts, candidates, tokenising, padding, host-to-device copies, reading scores back) but its compiled
+programs are replaced by a simulated device that takes ``MS`` milliseconds per padded row, one call after
+another, without host CPU (the scores it returns are zeros: every candidate ties). The floor is then the device's
+busy time, and the loop's own cost is measured as CPU time: host microseconds per env step, by part.
 
 Timings need an otherwise idle machine: the load average is printed with the results.
 """
@@ -107,6 +114,12 @@ class Recorder:
         scoring._score_packed = recorded_program
         scoring.prepare_jit = recorded_prepare
         self._program, self._prepare = program, prepare
+        self._originals = tick, run
+
+    def uninstall(self) -> None:
+        """Put back what :meth:`install` replaced (a test process goes on scoring with the real programs)."""
+        RolloutEngine.tick, driver.Trainer.run = self._originals
+        scoring._score_packed, scoring.prepare_jit = self._program, self._prepare
 
     def bare_seconds(self, key: tuple, repeats: int) -> float:
         """Median wall seconds of one shape's bare call (noise + program, inputs already on device)."""
@@ -124,6 +137,87 @@ class Recorder:
             jax.block_until_ready(call())
             times.append(time.perf_counter() - start)
         return float(np.median(times))
+
+
+class SimulatedDevice:
+    """Stands in for the scoring programs: a call is "dispatched" at once and its output becomes readable when a
+    device that runs one call at a time, ``seconds_per_row`` per padded row, would have finished it. Reading it
+    sleeps (no CPU) until then."""
+
+    def __init__(self, seconds_per_row: float) -> None:
+        self.seconds_per_row = seconds_per_row
+        self.free_at = 0.0  # perf_counter time the simulated device finishes its queued calls
+        self.busy_seconds = self.waited_seconds = 0.0
+
+    def program(self, config, params, prepared, *arrays):
+        rows = arrays[0].shape[0]
+        cost = rows * self.seconds_per_row
+        self.free_at = max(self.free_at, time.perf_counter()) + cost
+        self.busy_seconds += cost
+        return _SimulatedOutput(self, self.free_at, (rows, arrays[2].shape[1]))
+
+    def install(self) -> None:
+        scoring._score_packed = self.program
+        scoring.prepare_jit = lambda perturbation, params: None  # noise preparation is device work too
+
+
+class _SimulatedOutput:
+    """A pending output of :class:`SimulatedDevice`; ``np.asarray`` waits for it like a device array."""
+
+    def __init__(self, device: SimulatedDevice, ready_at: float, shape: tuple[int, int]) -> None:
+        self.device, self.ready_at, self.shape = device, ready_at, shape
+
+    def __array__(self, dtype=None, copy=None):
+        wait = self.ready_at - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+            self.device.waited_seconds += wait
+        return np.zeros(self.shape, dtype or np.float32)
+
+
+def measure_simulated(config_path: str, overrides: list[str], milliseconds_per_row: float) -> dict[str, Any]:
+    """The loop against a simulated device (see the module docstring): loop/floor and host µs per env step."""
+    recorder = Recorder()
+    recorder.install()
+    device = SimulatedDevice(milliseconds_per_row / 1000)
+    device.install()
+    try:
+        run_config(config_path, overrides)  # warm-up: compiles the update and evaluation programs
+        device.busy_seconds = device.waited_seconds = 0.0
+        recorder.active = True
+        thread_start = time.thread_time()
+        result = run_config(config_path, overrides)
+        loop_thread_cpu = time.thread_time() - thread_start  # includes start-up; reported apart from the loop
+    finally:
+        recorder.uninstall()
+    s, steps = recorder.stats, max(recorder.stats.rows, 1)
+    model_host = s.model_s - device.waited_seconds
+    per_step = {"prepare": s.prepare_s, "model (host part)": model_host, "env": s.env_s,
+                "other": recorder.loop_seconds - s.prepare_s - s.model_s - s.env_s}
+    return {
+        "config": config_path, "overrides": overrides, "machine": machine_info(), "simulated_ms_per_row":
+        milliseconds_per_row, "updates": result.version, "ticks": recorder.ticks, "env_steps": s.rows,
+        "calls": s.calls, "padded_rows": sum(shape[0] for shape in s.shapes), "loop_seconds": recorder.loop_seconds,
+        "loop_cpu_seconds": recorder.loop_cpu_seconds, "main_thread_cpu_seconds": loop_thread_cpu,
+        "device_busy_seconds": device.busy_seconds, "waited_seconds": device.waited_seconds,
+        "loop_vs_floor": device.busy_seconds / recorder.loop_seconds,
+        "host_us_per_env_step": 1e6 * recorder.loop_cpu_seconds / steps,
+        "host_wall_us_per_env_step_by_part": {k: 1e6 * v / steps for k, v in per_step.items()},
+    }
+
+
+def report_simulated(r: dict[str, Any]) -> str:
+    parts = ", ".join(f"{k} {v:.0f}" for k, v in r["host_wall_us_per_env_step_by_part"].items())
+    return "\n".join([
+        f"{r['config']} {' '.join(r['overrides'])}",
+        f"  machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, load {r['machine']['loadavg']}",
+        f"  simulated device: {r['simulated_ms_per_row']} ms per padded row; {r['calls']} calls, "
+        f"{r['padded_rows']} padded rows for {r['env_steps']} env steps",
+        f"  loop vs simulated-device floor: {r['loop_vs_floor']:.2f} (device busy {r['device_busy_seconds']:.1f} s "
+        f"of {r['loop_seconds']:.1f} s; the loop waited for it {r['waited_seconds']:.1f} s)",
+        f"  host CPU per env step: {r['host_us_per_env_step']:.0f} µs (process CPU time of the loop, all threads)",
+        f"  host wall per env step by part (µs, device waits excluded): {parts}",
+    ])
 
 
 def run_config(config_path: str, overrides: list[str]) -> Any:
@@ -157,6 +251,7 @@ def measure(config_path: str, overrides: list[str], repeats: int = 5) -> dict[st
     loop_seconds, loop_cpu = recorder.loop_seconds, recorder.loop_cpu_seconds
     _progress(began, f"floor: {len(recorder.shape_calls)} shapes' bare programs, {repeats} repeats each")
     floor = sum(n * recorder.bare_seconds(key, repeats) for key, n in recorder.shape_calls.items())
+    recorder.uninstall()
     s = recorder.stats
     evals = [r for r in result.records if r.get("kind") == "eval"]
     return {
@@ -208,6 +303,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--repeats", type=int, default=5, help="timed repeats of each bare program")
     ap.add_argument("--quick", action="store_true", help="tiny random model, 1 update (a smoke test)")
     ap.add_argument("--json", type=Path, help="also write the result here")
+    ap.add_argument("--simulate-device", type=float, metavar="MS", default=None,
+                    help="no model: a simulated device taking MS milliseconds per padded row of a policy call")
     args = ap.parse_args(argv)
     overrides = [f"run.updates={args.updates}", "run.progress=false", "run.eval_every=1000",
                  "run.checkpoint_every=1000"]
@@ -216,8 +313,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         overrides = [o for o in overrides if not o.startswith("run.updates")] + ["run.updates=1"] + TINY
         args.repeats = 1
-    result = measure(args.config, overrides + args.set, args.repeats)
-    print(report(result))
+    if args.simulate_device is not None:
+        result = measure_simulated(args.config, overrides + args.set, args.simulate_device)
+        print(report_simulated(result))
+    else:
+        result = measure(args.config, overrides + args.set, args.repeats)
+        print(report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -11,12 +11,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
-def test_rollout_benchmark_quick(tmp_path):
+def _benchmark():
     spec = importlib.util.spec_from_file_location("bench_rollout", ROOT / "benchmarks" / "rollout.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_rollout_benchmark_quick(tmp_path):
+    module = _benchmark()
     result = module.main(["--quick", "--config", str(ROOT / "configs" / "synthetic.yaml"),
                           "--json", str(tmp_path / "r.json")])
     assert result["updates"] == 1 and result["env_steps"] > 0 and result["calls"] > 0
@@ -25,3 +30,20 @@ def test_rollout_benchmark_quick(tmp_path):
     assert sum(result["shapes"].values()) == result["calls"]
     assert result["programs"] >= len(result["shapes"])
     assert (tmp_path / "r.json").is_file()
+
+
+@pytest.mark.slow
+def test_simulated_device_runs_the_loops_host_work_and_leaves_the_real_programs_in_place():
+    import esjax.agent.scoring as scoring
+    from esjax.loop.rollout import RolloutEngine
+
+    module = _benchmark()
+    program, tick = scoring._score_packed, RolloutEngine.tick
+    result = module.main(["--quick", "--config", str(ROOT / "configs" / "synthetic.yaml"), "--simulate-device", "2"])
+    assert result["env_steps"] > 0 and result["calls"] > 0 and result["padded_rows"] >= result["calls"]
+    # the device is busy exactly 2 ms per padded row, and the loop cannot finish before it
+    assert result["device_busy_seconds"] == pytest.approx(0.002 * result["padded_rows"])
+    assert 0 < result["loop_vs_floor"] <= 1
+    assert result["host_us_per_env_step"] > 0
+    assert set(result["host_wall_us_per_env_step_by_part"]) == {"prepare", "model (host part)", "env", "other"}
+    assert scoring._score_packed is program and RolloutEngine.tick is tick
