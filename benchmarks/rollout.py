@@ -20,11 +20,12 @@ cost nothing. Printed:
     python benchmarks/rollout.py --quick                          # seconds: tiny random model (tests)
     python benchmarks/rollout.py --simulate-device 0.9            # no model: a device taking 0.9 ms per row
 
-``--simulate-device MS`` predicts the loop on an accelerator from a CPU: every policy call still does its host
-work (prompts, candidates, tokenising, padding, host-to-device copies, reading scores back) but its compiled
-programs are replaced by a simulated device that takes ``MS`` milliseconds per padded row, one call after
-another, without host CPU (the scores it returns are zeros: every candidate ties). The floor is then the device's
-busy time, and the loop's own cost is measured as CPU time: host microseconds per env step, by part.
+``--simulate-device MS`` (the serial tick, then the pipelined one) predicts the loop on an accelerator from a
+CPU: every policy call still does its host work (prompts, candidates, tokenising, padding, host-to-device
+copies, reading scores back) but its compiled programs are replaced by a simulated device that takes ``MS``
+milliseconds per padded row, one call after another, without host CPU (the scores it returns are zeros: every
+candidate ties). The floor is then the device's busy time, and the loop's own cost is measured as CPU time:
+host microseconds per env step, by part.
 
 Timings need an otherwise idle machine: the load average is printed with the results.
 """
@@ -175,12 +176,20 @@ class _SimulatedOutput:
         return np.zeros(self.shape, dtype or np.float32)
 
 
-def measure_simulated(config_path: str, overrides: list[str], milliseconds_per_row: float) -> dict[str, Any]:
-    """The loop against a simulated device (see the module docstring): loop/floor and host µs per env step."""
+def measure_simulated(config_path: str, overrides: list[str], milliseconds_per_row: float,
+                      pipelined: bool = True) -> dict[str, Any]:
+    """The loop against a simulated device (see the module docstring): loop/floor and host µs per env step, with
+    the pipelined tick or the serial one (``RolloutEngine(pipelined=False)``)."""
+    import functools
+
+    import esjax.train.parts as parts
+
     recorder = Recorder()
     recorder.install()
     device = SimulatedDevice(milliseconds_per_row / 1000)
     device.install()
+    engine = parts.RolloutEngine
+    parts.RolloutEngine = functools.partial(RolloutEngine, pipelined=pipelined)
     try:
         run_config(config_path, overrides)  # warm-up: compiles the update and evaluation programs
         device.busy_seconds = device.waited_seconds = 0.0
@@ -190,13 +199,15 @@ def measure_simulated(config_path: str, overrides: list[str], milliseconds_per_r
         loop_thread_cpu = time.thread_time() - thread_start  # includes start-up; reported apart from the loop
     finally:
         recorder.uninstall()
+        parts.RolloutEngine = engine
     s, steps = recorder.stats, max(recorder.stats.rows, 1)
     model_host = s.model_s - device.waited_seconds
     per_step = {"prepare": s.prepare_s, "model (host part)": model_host, "env": s.env_s,
                 "other": recorder.loop_seconds - s.prepare_s - s.model_s - s.env_s}
     return {
         "config": config_path, "overrides": overrides, "machine": machine_info(), "simulated_ms_per_row":
-        milliseconds_per_row, "updates": result.version, "ticks": recorder.ticks, "env_steps": s.rows,
+        milliseconds_per_row, "pipelined": pipelined, "updates": result.version, "ticks": recorder.ticks,
+        "env_steps": s.rows,
         "calls": s.calls, "padded_rows": sum(shape[0] for shape in s.shapes), "loop_seconds": recorder.loop_seconds,
         "loop_cpu_seconds": recorder.loop_cpu_seconds, "main_thread_cpu_seconds": loop_thread_cpu,
         "device_busy_seconds": device.busy_seconds, "waited_seconds": device.waited_seconds,
@@ -211,7 +222,8 @@ def report_simulated(r: dict[str, Any]) -> str:
     return "\n".join([
         f"{r['config']} {' '.join(r['overrides'])}",
         f"  machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, load {r['machine']['loadavg']}",
-        f"  simulated device: {r['simulated_ms_per_row']} ms per padded row; {r['calls']} calls, "
+        f"  {'pipelined' if r['pipelined'] else 'serial'} tick, simulated device: {r['simulated_ms_per_row']} ms "
+        f"per padded row; {r['calls']} calls, "
         f"{r['padded_rows']} padded rows for {r['env_steps']} env steps",
         f"  loop vs simulated-device floor: {r['loop_vs_floor']:.2f} (device busy {r['device_busy_seconds']:.1f} s "
         f"of {r['loop_seconds']:.1f} s; the loop waited for it {r['waited_seconds']:.1f} s)",
@@ -313,9 +325,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         overrides = [o for o in overrides if not o.startswith("run.updates")] + ["run.updates=1"] + TINY
         args.repeats = 1
-    if args.simulate_device is not None:
-        result = measure_simulated(args.config, overrides + args.set, args.simulate_device)
+    if args.simulate_device is not None:  # the serial tick first: the baseline of the same run
+        serial = measure_simulated(args.config, overrides + args.set, args.simulate_device, pipelined=False)
+        print(report_simulated(serial))
+        result = measure_simulated(args.config, overrides + args.set, args.simulate_device, pipelined=True)
         print(report_simulated(result))
+        result["serial"] = serial
+        print(f"  pipelined / serial: loop wall {result['loop_seconds'] / serial['loop_seconds']:.2f}×, "
+              f"loop/floor {serial['loop_vs_floor']:.2f} → {result['loop_vs_floor']:.2f}")
     else:
         result = measure(args.config, overrides + args.set, args.repeats)
         print(report(result))

@@ -16,9 +16,12 @@ other rows are unaffected, and a hung session is replaced by a fresh one (reset 
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -35,12 +38,18 @@ def failed_step(reason: str) -> RowStep:
     return "", 0.0, True, {"failure": reason}
 
 
+#: The info of a row a step left alone: one read-only mapping shared by every such row, because a pipelined tick
+#: steps a few rows of a large pool many times per tick, and a fresh dict per pool row per call fed the garbage
+#: collector (3 ms per call with ~750 rows in `benchmarks/rollout.py --simulate-device`).
+SKIPPED: Mapping[str, Any] = MappingProxyType({"skipped": True})
+
+
 def collect_step(n: int, live: Sequence[tuple[int, str]], outs: Sequence[RowStep], obs: list[str],
                  done: np.ndarray) -> StepResult:
     """A pool's ``step`` answer from the rows it stepped (``live``: (row, action), ``outs`` in the same order);
     updates the pool's last observations ``obs`` and ``done`` flags in place."""
     rewards = np.zeros(n)
-    infos: list[dict] = [{"skipped": True} for _ in range(n)]
+    infos: list = [SKIPPED] * n
     for (i, _), (observation, reward, finished, info) in zip(live, outs):
         obs[i], rewards[i], done[i], infos[i] = observation, reward, finished, info
     return list(obs), rewards, done.copy(), infos
@@ -57,6 +66,7 @@ class InProcessEnvPool:
         self.envs = [WebShopTextEnv(shop, **env_kwargs) for _ in range(n)]
         self._obs = [""] * n
         self._done = np.zeros(n, dtype=bool)
+        self._stepper: _Stepper | None = None  # the helper thread of steps with a time limit
 
     def __len__(self) -> int:
         return len(self.envs)
@@ -93,8 +103,10 @@ class InProcessEnvPool:
     def step_rows(self, items: Sequence[tuple[int, str]], timeout: float | None = None) -> list[RowStep]:
         """Step ``(row, action)`` items one row at a time, in order, so one failing session fails only itself.
 
-        ``timeout`` (None: no limit): the steps run on a helper thread; a step past the limit fails its row,
-        its session is replaced (:meth:`replace_env`) and the thread is abandoned; the rows after it go on.
+        ``timeout`` (None: no limit): the steps run on the pool's helper thread (one, kept between calls: a
+        pipelined tick steps a few rows many times per tick, and a new thread per call cost ~0.7 ms); a step
+        past the limit fails its row, its session is replaced (:meth:`replace_env`) and the thread, stuck in
+        that step, is abandoned for a new one; the rows after it go on.
         """
         rows = [i for i, _ in items]
         actions = dict(items)
@@ -106,11 +118,11 @@ class InProcessEnvPool:
         poll = min(0.25, timeout / 4) if timeout is not None else 0.0
         while timeout is not None and rows:
             batch = _StepBatch(rows, self.envs, actions)
-            thread = threading.Thread(target=batch.run, name="esjax-env-step", daemon=True)
-            thread.start()
+            if self._stepper is None:
+                self._stepper = _Stepper()
+            self._stepper.jobs.put(batch)
             hung = None
-            while thread.is_alive():
-                thread.join(poll)
+            while not batch.done.wait(poll):
                 with batch.lock:
                     if batch.finished:
                         break
@@ -124,6 +136,7 @@ class InProcessEnvPool:
                 break
             row = rows[hung]
             outs[row] = failed_step(f"timeout: env step took longer than {timeout:g} s")
+            self._stepper = None  # its thread is still in the hung step: abandoned (a daemon thread)
             self.replace_env(row)  # the hung session may still be running on the abandoned thread
             rows = rows[hung + 1:]
         return [outs[i] for i, _ in items]
@@ -147,8 +160,21 @@ class InProcessEnvPool:
             raise ValueError(f"expected {len(self.envs)} entries (one per session), got {len(batch)}")
 
 
+class _Stepper:
+    """A daemon thread running the step batches put on its queue, one after another."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[_StepBatch] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="esjax-env-step", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            self.jobs.get().run()
+
+
 class _StepBatch:
-    """Steps ``rows`` in order, recording each row's result or failure (run inline or on a thread)."""
+    """Steps ``rows`` in order, recording each row's result or failure (run inline or on a thread); ``done`` is
+    set when it returns."""
 
     def __init__(self, rows: list[int], envs: Sequence[WebShopTextEnv], actions: dict[int, str]):
         self.rows, self.envs, self.actions = rows, list(envs), actions
@@ -158,8 +184,15 @@ class _StepBatch:
         self.started = time.monotonic()
         self.cancelled = False
         self.finished = False
+        self.done = threading.Event()
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self.done.set()
+
+    def _run(self) -> None:
         for pos, row in enumerate(self.rows):
             with self.lock:
                 if self.cancelled:

@@ -156,12 +156,17 @@ class RolloutEngine:
         thread it abandons; process and Ray pools also replace a worker that stops answering). An env step
         that raises fails its episode either way; failed episodes come back from :meth:`tick` with
         ``failure`` set and ``reward`` 0.
+      pipelined: overlap host work with the device inside a tick: the rows of each policy call are stepped in
+        the env and their next prompts built as soon as that call's scores are read, while the later calls
+        still compute (rows with a single candidate step before any score is read). Every episode sees the
+        same calls, actions and env steps as in the serial tick (False: one env step of all rows after every
+        call is read), so runs are identical either way; only the number of ``pool.step`` calls per tick grows.
     """
 
     def __init__(self, pool: EnvPool, agent: ScoringAgent, model_config: ModelConfig, noise: NoiseSpec,
                  sigma_at: Callable[[int], float], max_steps: int, temperature: float = 1.0,
                  buckets: Buckets = ROLLOUT_BUCKETS, step_timeout: float | None = None,
-                 max_call_rows: int | None = None):
+                 max_call_rows: int | None = None, pipelined: bool = True):
         self.pool = pool
         self.agent = agent
         self.model_config = model_config
@@ -174,8 +179,10 @@ class RolloutEngine:
         if max_call_rows is None:
             max_call_rows = MAX_CALL_ROWS_CPU if jax.default_backend() == "cpu" else MAX_CALL_ROWS
         self.max_call_rows = max_call_rows
+        self.pipelined = pipelined
         self.free_rows: list[int] = list(range(len(pool)))[::-1]
         self.live: dict[int, Episode] = {}
+        self._next_inputs: dict[int, tuple[Episode, tuple]] = {}  # row -> (episode, its next step's inputs)
 
     # ------------------------------------------------------------------------------------------- episodes
     @property
@@ -271,9 +278,9 @@ class RolloutEngine:
         if not waiting:
             return [], stats
         t0 = time.perf_counter()
-        inputs = {e.row: self.agent.step_inputs(e.observation, e.available, e.memory) for e in waiting}
+        inputs = {e.row: self._inputs(e) for e in waiting}
+        self._next_inputs.clear()
         stats.prepare_s += time.perf_counter() - t0
-        choice: dict[int, int] = {e.row: 0 for e in waiting if len(inputs[e.row][1]) <= 1}
         t0 = time.perf_counter()
         pending = []  # every call is dispatched before any is read: host padding overlaps device compute
         for version, group in self._calls(waiting, inputs):
@@ -290,13 +297,42 @@ class RolloutEngine:
             stats.tokens += sum(len(p) for p in prompts) + sum(len(c) for cs in cand_ids for c in cs)
             stats.padded_tokens += call.shape["padded_tokens"]
             stats.shapes.append(tuple(call.shape[k] for k in ("rows", "prompt_len", "candidate_len")))
-        for group, call in pending:
-            for episode, row_scores in zip(group, call.result()):
-                choice[episode.row] = self._choose(episode, row_scores[: len(inputs[episode.row][1])])
         stats.model_s += time.perf_counter() - t0
-
-        actions: list[str | None] = [None] * len(self.pool)
+        # Rows acting without a policy call (one candidate, or none: a dead end) first, then each call's rows;
+        # pipelined, each batch steps the env (and builds its next prompts) while later calls still compute.
+        called = {e.row for group, _ in pending for e in group}
+        batches: list[tuple[list[Episode], Any]] = [([e for e in waiting if e.row not in called], None)]
+        batches += pending
+        acted: list[tuple[Episode, str]] = []
+        for group, call in batches:
+            t0 = time.perf_counter()
+            choice = {e.row: 0 for e in group} if call is None else {
+                e.row: self._choose(e, row_scores[: len(inputs[e.row][1])])
+                for e, row_scores in zip(group, call.result())}
+            stats.model_s += time.perf_counter() - t0
+            acted += self._act(group, inputs, choice)
+            if self.pipelined:
+                self._step_env(acted, stats, prepare_next=True)
+                acted = []
+        self._step_env(acted, stats, prepare_next=False)
+        finished = []
         for episode in waiting:
+            self._retire_if_over(episode, finished)
+        return finished, stats
+
+    def _inputs(self, episode: Episode) -> tuple:
+        """The episode's step inputs: built early by a pipelined tick, or now."""
+        cached = self._next_inputs.get(episode.row)
+        if cached is not None and cached[0] is episode:
+            return cached[1]
+        return self.agent.step_inputs(episode.observation, episode.available, episode.memory)
+
+    def _act(self, group: list[Episode], inputs: dict[int, tuple], choice: dict[int, int]
+             ) -> list[tuple[Episode, str]]:
+        """Each episode of ``group`` takes its chosen candidate (a dead end, with none, is over); returns the
+        (episode, action) pairs to step."""
+        acting = []
+        for episode in group:
             candidates = inputs[episode.row][1]
             if not candidates:  # a dead end (e.g. the done page without done): the episode is over
                 episode.done = True
@@ -304,24 +340,38 @@ class RolloutEngine:
             picked = candidates[choice[episode.row]]
             self.agent.remember(episode.memory, episode.available, picked)
             episode.trace.append((picked.text, picked.action))
-            actions[episode.row] = picked.action
-        stats.rows = sum(a is not None for a in actions)
+            acting.append((episode, picked.action))
+        return acting
+
+    def _step_env(self, acting: list[tuple[Episode, str]], stats: TickStats, prepare_next: bool) -> None:
+        """Step the env rows of ``acting`` in one batched pool call and take in what each sees; with
+        ``prepare_next``, build the next step's inputs of those still running (a pipelined tick)."""
+        if not acting:
+            return
+        actions: list[str | None] = [None] * len(self.pool)
+        for episode, action in acting:
+            actions[episode.row] = action
+        stats.rows += len(acting)
         t0 = time.perf_counter()
         results, failures = self._step(actions)
         available = self._available(list(results))
         stats.env_s += time.perf_counter() - t0
-        finished = []
-        for episode in waiting:
+        for episode, _ in acting:
             if episode.row in failures:
                 episode.done, episode.reward, episode.failure = True, 0.0, failures[episode.row]
-            elif actions[episode.row] is not None:
-                observation, reward, done, info = results[episode.row]
-                episode.observation = observation
-                episode.available = available[episode.row]
-                if done:
-                    episode.done, episode.reward, episode.info = True, float(reward), info
-            self._retire_if_over(episode, finished)
-        return finished, stats
+                continue
+            observation, reward, done, info = results[episode.row]
+            episode.observation = observation
+            episode.available = available[episode.row]
+            if done:
+                episode.done, episode.reward, episode.info = True, float(reward), info
+        if prepare_next:
+            t0 = time.perf_counter()
+            for episode, _ in acting:
+                if not episode.done and episode.steps < self.max_steps:
+                    self._next_inputs[episode.row] = (episode, self.agent.step_inputs(
+                        episode.observation, episode.available, episode.memory))
+            stats.prepare_s += time.perf_counter() - t0
 
     def _retire_if_over(self, episode: Episode, finished: list[Episode]) -> None:
         """An episode that ended (or reached ``max_steps``) leaves ``live`` for ``finished``; its row is free."""

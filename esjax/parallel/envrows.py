@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from envs.webshop_bridge.pool import SKIPPED
 from esjax.loop.protocols import EnvPool
 from esjax.parallel.multihost import allgather_objects
 
@@ -83,7 +84,7 @@ class ProcessRowsPool:
             merged.update(part)
         observations = [""] * self.n
         rewards, done = np.zeros(self.n), np.zeros(self.n, bool)
-        infos: list[dict[str, Any]] = [{"skipped": True} for _ in range(self.n)]
+        infos: list = [SKIPPED] * self.n
         for row, (observation, reward, finished, info) in merged.items():
             observations[row], rewards[row], done[row], infos[row] = observation, reward, finished, info
         return observations, rewards, done, infos

@@ -46,4 +46,6 @@ def test_simulated_device_runs_the_loops_host_work_and_leaves_the_real_programs_
     assert 0 < result["loop_vs_floor"] <= 1
     assert result["host_us_per_env_step"] > 0
     assert set(result["host_wall_us_per_env_step_by_part"]) == {"prepare", "model (host part)", "env", "other"}
+    assert result["pipelined"] and not result["serial"]["pipelined"]
+    assert result["serial"]["env_steps"] == result["env_steps"]  # the same run, serial and pipelined
     assert scoring._score_packed is program and RolloutEngine.tick is tick
