@@ -310,7 +310,7 @@ class RolloutEngine:
                 e.row: self._choose(e, row_scores[: len(inputs[e.row][1])])
                 for e, row_scores in zip(group, call.result())}
             stats.model_s += time.perf_counter() - t0
-            acted += self._act(group, inputs, choice)
+            acted += self._take_actions(group, inputs, choice)
             if self.pipelined:
                 self._step_env(acted, stats, prepare_next=True)
                 acted = []
@@ -327,8 +327,8 @@ class RolloutEngine:
             return cached[1]
         return self.agent.step_inputs(episode.observation, episode.available, episode.memory)
 
-    def _act(self, group: list[Episode], inputs: dict[int, tuple], choice: dict[int, int]
-             ) -> list[tuple[Episode, str]]:
+    def _take_actions(self, group: list[Episode], inputs: dict[int, tuple], choice: dict[int, int]
+                      ) -> list[tuple[Episode, str]]:
         """Each episode of ``group`` takes its chosen candidate (a dead end, with none, is over); returns the
         (episode, action) pairs to step."""
         acting = []
