@@ -195,6 +195,7 @@ class WebShopAgent:
             raise ValueError(f"agent score_norm must be 'mean' or 'sum', got {score_norm!r}")
         self.score_norm = score_norm
         self._cache: dict[str, list[int]] = {}
+        self._candidate_ids: dict[str, list[int]] = {}  # candidate text -> its (truncated) ids
 
     def encode(self, text: str) -> list[int]:
         ids = self._cache.get(text)
@@ -219,7 +220,14 @@ class WebShopAgent:
         return ids
 
     def encode_candidate(self, candidate: Candidate) -> list[int]:
-        return self.encode(" " + candidate.text)[: self.max_candidate_tokens]
+        """The candidate's ids (a shared list: do not modify). Cached by its text, which is hashed once, instead
+        of building and hashing ``" " + text`` and slicing it again for each of the ~27 candidates of a step."""
+        ids = self._candidate_ids.get(candidate.text)
+        if ids is None:
+            ids = self.encode(" " + candidate.text)[: self.max_candidate_tokens]
+            if len(self._candidate_ids) < 200_000:
+                self._candidate_ids[candidate.text] = ids
+        return ids
 
     def new_memory(self, instruction: str) -> EpisodeMemory:
         return EpisodeMemory(instruction)
