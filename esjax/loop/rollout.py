@@ -4,8 +4,9 @@ Each live episode belongs to a training member ``(version, index)`` or to an eva
 unperturbed θ at some version. Per tick, the episodes waiting for an action are grouped by version and
 served by **a few batched policy calls per live version** (candidate scoring with per-row ES members; rows of
 similar length share a call, see :meth:`RolloutEngine._calls`); the chosen actions go through the env pool
-in one batched step (:class:`~esjax.loop.protocols.EnvPool`: in this process, in worker processes or in Ray
-actors); finished episodes are handed back, and freed env rows are reused at once.
+in batched steps (:class:`~esjax.loop.protocols.EnvPool`: in this process, in worker processes or in Ray
+actors) — pipelined, one per call as soon as its scores are read, so env steps and the next prompts of those
+rows run while the later calls compute; finished episodes are handed back, and freed env rows are reused at once.
 
 Everything here is deterministic given the episodes started: action sampling draws from a counter-based
 seed of (task batch sampling seed, position in the batch, step) — the same for every member of one version
