@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,7 +20,7 @@ def check_ids(seqs: Sequence[Sequence[int]], vocab_size: int, what: str, allow_e
         raise ValueError(f"{what}[{int(np.argmax(lengths == 0))}] is empty")
     if not lengths.sum():
         return
-    ids = np.fromiter((t for seq in seqs for t in seq), np.int64, int(lengths.sum()))
+    ids = np.fromiter(itertools.chain.from_iterable(seqs), np.int64, int(lengths.sum()))  # C-level iteration
     bad = (ids < 0) | (ids >= vocab_size)
     if bad.any():
         pos = int(np.argmax(bad))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -211,7 +212,7 @@ def pack_candidates(candidate_ids: Sequence[Sequence[Sequence[int]]], lengths: S
             continue
         lens = np.asarray(lens, np.int64)
         starts = np.cumsum(lens) - lens
-        tokens[r, :total] = np.fromiter((t for c in cands for t in c), np.int32, total)
+        tokens[r, :total] = np.fromiter(itertools.chain.from_iterable(cands), np.int32, total)
         segment[r, :total] = np.repeat(np.arange(len(lens), dtype=np.int32), lens)
         offset[r, :total] = np.arange(total) - np.repeat(starts, lens)
     return tokens, segment, offset
