@@ -19,6 +19,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -120,6 +121,7 @@ class InProcessEnvPool:
             batch = _StepBatch(rows, self.envs, actions)
             if self._stepper is None:
                 self._stepper = _Stepper()
+                weakref.finalize(self, self._stepper.stop)  # its thread ends with the pool
             self._stepper.jobs.put(batch)
             hung = None
             while not batch.done.wait(poll):
@@ -136,7 +138,8 @@ class InProcessEnvPool:
                 break
             row = rows[hung]
             outs[row] = failed_step(f"timeout: env step took longer than {timeout:g} s")
-            self._stepper = None  # its thread is still in the hung step: abandoned (a daemon thread)
+            self._stepper.stop()  # its thread is still in the hung step: abandoned, it ends if the step returns
+            self._stepper = None
             self.replace_env(row)  # the hung session may still be running on the abandoned thread
             rows = rows[hung + 1:]
         return [outs[i] for i, _ in items]
@@ -150,7 +153,10 @@ class InProcessEnvPool:
         return [self.envs[i].instruction for i in self._rows(rows)]
 
     def close(self) -> None:
-        """Nothing to release (the same call as on the process and Ray pools)."""
+        """End the helper thread of timed steps, if one runs (the same call as on the process and Ray pools)."""
+        if self._stepper is not None:
+            self._stepper.stop()
+            self._stepper = None
 
     def _rows(self, rows: Sequence[int] | None) -> Sequence[int]:
         return range(len(self.envs)) if rows is None else rows
@@ -161,15 +167,20 @@ class InProcessEnvPool:
 
 
 class _Stepper:
-    """A daemon thread running the step batches put on its queue, one after another."""
+    """A daemon thread running the step batches put on its queue, one after another, until :meth:`stop`."""
 
     def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue[_StepBatch] = queue.SimpleQueue()
-        threading.Thread(target=self._serve, name="esjax-env-step", daemon=True).start()
+        self.jobs: queue.SimpleQueue[_StepBatch | None] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, args=(self.jobs,), name="esjax-env-step", daemon=True).start()
 
-    def _serve(self) -> None:
-        while True:
-            self.jobs.get().run()
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue) -> None:
+        while (batch := jobs.get()) is not None:
+            batch.run()
+
+    def stop(self) -> None:
+        """The thread ends after the batch it is running (if any)."""
+        self.jobs.put(None)
 
 
 class _StepBatch:

@@ -11,9 +11,11 @@ so spawned worker processes import it from here.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import signal
 import sys
+import threading
 import time
 
 import pytest
@@ -73,6 +75,27 @@ def test_in_process_pool_times_out_and_replaces_a_hung_session():
     first = pool.envs[0]
     _timed_out_session_fails_alone(pool)
     assert pool.envs[0] is not first
+
+
+def test_in_process_pool_keeps_one_step_thread_and_ends_it_with_the_pool():
+    def step_threads():
+        return {t for t in threading.enumerate() if t.name == "esjax-env-step"}
+
+    others = step_threads()  # e.g. a hung step abandoned by another test
+    pool = InProcessEnvPool(SPEC.build(), 2)
+    pool.reset([0, 1])
+    for _ in range(3):
+        assert _failure(pool.step(["search[shoes]", None], timeout=TIMEOUT), 0) is None
+    (helper,) = step_threads() - others  # one thread, kept between calls
+    pool.close()
+    helper.join(timeout=5)
+    assert not helper.is_alive()
+    pool.step(["search[shoes]", None], timeout=TIMEOUT)  # a closed pool still steps, on a new thread
+    (helper,) = step_threads() - others
+    del pool
+    gc.collect()
+    helper.join(timeout=5)
+    assert not helper.is_alive()  # a collected pool's thread ends too
 
 
 def test_in_process_pool_fails_a_raising_session_alone():
