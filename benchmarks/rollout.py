@@ -205,10 +205,10 @@ def measure_simulated(config_path: str, overrides: list[str], milliseconds_per_r
     per_step = {"prepare": s.prepare_s, "model (host part)": model_host, "env": s.env_s,
                 "other": recorder.loop_seconds - s.prepare_s - s.model_s - s.env_s}
     return {
-        "config": config_path, "overrides": overrides, "machine": machine_info(), "simulated_ms_per_row":
-        milliseconds_per_row, "pipelined": pipelined, "updates": result.version, "ticks": recorder.ticks,
-        "env_steps": s.rows,
-        "calls": s.calls, "padded_rows": sum(shape[0] for shape in s.shapes), "loop_seconds": recorder.loop_seconds,
+        "config": config_path, "overrides": overrides, "machine": machine_info(),
+        "simulated_ms_per_row": milliseconds_per_row, "pipelined": pipelined, "updates": result.version,
+        "ticks": recorder.ticks, "env_steps": s.rows, "calls": s.calls,
+        "padded_rows": sum(shape[0] for shape in s.shapes), "loop_seconds": recorder.loop_seconds,
         "loop_cpu_seconds": recorder.loop_cpu_seconds, "main_thread_cpu_seconds": loop_thread_cpu,
         "device_busy_seconds": device.busy_seconds, "waited_seconds": device.waited_seconds,
         "loop_vs_floor": device.busy_seconds / recorder.loop_seconds,
@@ -249,21 +249,23 @@ def measure(config_path: str, overrides: list[str], repeats: int = 5) -> dict[st
     began = time.perf_counter()
     recorder = Recorder()
     recorder.install()
-    _progress(began, "warm-up run (compiles every program)")
-    start = time.perf_counter()
-    run_config(config_path, overrides)  # warm-up: compiles every program of this run
-    warm_seconds = time.perf_counter() - start
-    programs = len(recorder.compiled)
-    _progress(began, f"timed run ({programs} programs compiled)")
-    recorder.active = True
-    start, start_cpu = time.perf_counter(), time.process_time()
-    result = run_config(config_path, overrides)
-    job_seconds, job_cpu = time.perf_counter() - start, time.process_time() - start_cpu
-    recorder.active = False
-    loop_seconds, loop_cpu = recorder.loop_seconds, recorder.loop_cpu_seconds
-    _progress(began, f"floor: {len(recorder.shape_calls)} shapes' bare programs, {repeats} repeats each")
-    floor = sum(n * recorder.bare_seconds(key, repeats) for key, n in recorder.shape_calls.items())
-    recorder.uninstall()
+    try:
+        _progress(began, "warm-up run (compiles every program)")
+        start = time.perf_counter()
+        run_config(config_path, overrides)  # warm-up: compiles every program of this run
+        warm_seconds = time.perf_counter() - start
+        programs = len(recorder.compiled)
+        _progress(began, f"timed run ({programs} programs compiled)")
+        recorder.active = True
+        start, start_cpu = time.perf_counter(), time.process_time()
+        result = run_config(config_path, overrides)
+        job_seconds, job_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+        recorder.active = False
+        loop_seconds, loop_cpu = recorder.loop_seconds, recorder.loop_cpu_seconds
+        _progress(began, f"floor: {len(recorder.shape_calls)} shapes' bare programs, {repeats} repeats each")
+        floor = sum(n * recorder.bare_seconds(key, repeats) for key, n in recorder.shape_calls.items())
+    finally:
+        recorder.uninstall()
     s = recorder.stats
     evals = [r for r in result.records if r.get("kind") == "eval"]
     return {

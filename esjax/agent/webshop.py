@@ -198,11 +198,19 @@ class WebShopAgent:
         self._candidate_ids: dict[str, list[int]] = {}  # candidate text -> its (truncated) ids
 
     def encode(self, text: str) -> list[int]:
-        ids = self._cache.get(text)
+        return self._cached(self._cache, text, self._tokenize)
+
+    def _tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    @staticmethod
+    def _cached(cache: dict[str, list[int]], key: str, make) -> list[int]:
+        """``cache[key]``, made on a miss and kept while the cache holds fewer than 200,000 entries."""
+        ids = cache.get(key)
         if ids is None:
-            ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
-            if len(self._cache) < 200_000:
-                self._cache[text] = ids
+            ids = make(key)
+            if len(cache) < 200_000:
+                cache[key] = ids
         return ids
 
     def prompt_text(self, observation: str, available: dict, memory: EpisodeMemory,
@@ -222,12 +230,8 @@ class WebShopAgent:
     def encode_candidate(self, candidate: Candidate) -> list[int]:
         """The candidate's ids (a shared list: do not modify). Cached by its text, which is hashed once, instead
         of building and hashing ``" " + text`` and slicing it again for each of the ~27 candidates of a step."""
-        ids = self._candidate_ids.get(candidate.text)
-        if ids is None:
-            ids = self.encode(" " + candidate.text)[: self.max_candidate_tokens]
-            if len(self._candidate_ids) < 200_000:
-                self._candidate_ids[candidate.text] = ids
-        return ids
+        return self._cached(self._candidate_ids, candidate.text,
+                            lambda text: self._tokenize(" " + text)[: self.max_candidate_tokens])
 
     def new_memory(self, instruction: str) -> EpisodeMemory:
         return EpisodeMemory(instruction)

@@ -326,6 +326,9 @@ class RolloutEngine:
         cached = self._next_inputs.get(episode.row)
         if cached is not None and cached[0] is episode:
             return cached[1]
+        return self._build_inputs(episode)
+
+    def _build_inputs(self, episode: Episode) -> tuple:
         return self.agent.step_inputs(episode.observation, episode.available, episode.memory)
 
     def _take_actions(self, group: list[Episode], inputs: dict[int, tuple], choice: dict[int, int]
@@ -370,8 +373,7 @@ class RolloutEngine:
             t0 = time.perf_counter()
             for episode, _ in acting:
                 if not episode.done and episode.steps < self.max_steps:
-                    self._next_inputs[episode.row] = (episode, self.agent.step_inputs(
-                        episode.observation, episode.available, episode.memory))
+                    self._next_inputs[episode.row] = (episode, self._build_inputs(episode))
             stats.prepare_s += time.perf_counter() - t0
 
     def _retire_if_over(self, episode: Episode, finished: list[Episode]) -> None:
