@@ -25,7 +25,9 @@ CPU: every policy call still does its host work (prompts, candidates, tokenising
 copies, reading scores back) but its compiled programs are replaced by a simulated device that takes ``MS``
 milliseconds per padded row, one call after another, without host CPU (the scores it returns are zeros: every
 candidate ties). The floor is then the device's busy time, and the loop's own cost is measured as CPU time:
-host microseconds per env step, by part.
+host microseconds per env step of the whole process and of the loop's own thread (the one that dispatches the
+device's work; a pipelined tick's env steps and next prompts run on a host worker thread beside it), and wall time
+by part.
 
 Timings need an otherwise idle machine: the load average is printed with the results.
 """
@@ -74,7 +76,7 @@ class Recorder:
         self.shape_calls: Counter = Counter()
         self.examples: dict[tuple, tuple] = {}
         self.compiled: set[tuple] = set()
-        self.loop_seconds = self.loop_cpu_seconds = 0.0
+        self.loop_seconds = self.loop_cpu_seconds = self.loop_thread_cpu_seconds = 0.0
 
     def install(self) -> None:
         tick, program, prepare = RolloutEngine.tick, scoring._score_packed, scoring.prepare_jit
@@ -83,13 +85,14 @@ class Recorder:
 
         def recorded_run(trainer, *args, **kwargs):
             """The loop proper (ticks, updates, evaluations, checkpoints), without start-up and end-of-run files."""
-            start, start_cpu = time.perf_counter(), time.process_time()
+            start, start_cpu, start_thread = time.perf_counter(), time.process_time(), time.thread_time()
             try:
                 return run(trainer, *args, **kwargs)
             finally:
                 if recorder.active:
                     recorder.loop_seconds += time.perf_counter() - start
                     recorder.loop_cpu_seconds += time.process_time() - start_cpu
+                    recorder.loop_thread_cpu_seconds += time.thread_time() - start_thread
 
         def recorded_tick(engine, params_at):
             finished, stats = tick(engine, params_at)
@@ -194,25 +197,25 @@ def measure_simulated(config_path: str, overrides: list[str], milliseconds_per_r
         run_config(config_path, overrides)  # warm-up: compiles the update and evaluation programs
         device.busy_seconds = device.waited_seconds = 0.0
         recorder.active = True
-        thread_start = time.thread_time()
         result = run_config(config_path, overrides)
-        loop_thread_cpu = time.thread_time() - thread_start  # includes start-up; reported apart from the loop
     finally:
         recorder.uninstall()
         parts.RolloutEngine = engine
     s, steps = recorder.stats, max(recorder.stats.rows, 1)
     model_host = s.model_s - device.waited_seconds
     per_step = {"prepare": s.prepare_s, "model (host part)": model_host, "env": s.env_s,
-                "other": recorder.loop_seconds - s.prepare_s - s.model_s - s.env_s}
+                "of which on the host worker": s.worker_s,  # prepare and env of a pipelined tick, beside the loop
+                "other": recorder.loop_seconds - (s.prepare_s + s.env_s - s.worker_s) - s.model_s}
     return {
         "config": config_path, "overrides": overrides, "machine": machine_info(),
         "simulated_ms_per_row": milliseconds_per_row, "pipelined": pipelined, "updates": result.version,
         "ticks": recorder.ticks, "env_steps": s.rows, "calls": s.calls,
         "padded_rows": sum(shape[0] for shape in s.shapes), "loop_seconds": recorder.loop_seconds,
-        "loop_cpu_seconds": recorder.loop_cpu_seconds, "main_thread_cpu_seconds": loop_thread_cpu,
+        "loop_cpu_seconds": recorder.loop_cpu_seconds, "loop_thread_cpu_seconds": recorder.loop_thread_cpu_seconds,
         "device_busy_seconds": device.busy_seconds, "waited_seconds": device.waited_seconds,
         "loop_vs_floor": device.busy_seconds / recorder.loop_seconds,
         "host_us_per_env_step": 1e6 * recorder.loop_cpu_seconds / steps,
+        "loop_thread_us_per_env_step": 1e6 * recorder.loop_thread_cpu_seconds / steps,
         "host_wall_us_per_env_step_by_part": {k: 1e6 * v / steps for k, v in per_step.items()},
     }
 
@@ -227,7 +230,9 @@ def report_simulated(r: dict[str, Any]) -> str:
         f"{r['padded_rows']} padded rows for {r['env_steps']} env steps",
         f"  loop vs simulated-device floor: {r['loop_vs_floor']:.2f} (device busy {r['device_busy_seconds']:.1f} s "
         f"of {r['loop_seconds']:.1f} s; the loop waited for it {r['waited_seconds']:.1f} s)",
-        f"  host CPU per env step: {r['host_us_per_env_step']:.0f} µs (process CPU time of the loop, all threads)",
+        f"  host CPU per env step: {r['host_us_per_env_step']:.0f} µs (process CPU time of the loop, all threads), "
+        f"of which the loop's own thread {r['loop_thread_us_per_env_step']:.0f} µs (the rest: env-step thread or "
+        f"workers, XLA's threads for updates and evaluations' bookkeeping)",
         f"  host wall per env step by part (µs, device waits excluded): {parts}",
     ])
 

@@ -176,12 +176,15 @@ def batch_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
 
 
 def put_batch(x: Any, mesh: Mesh | None = None) -> jax.Array:
-    """``device_put`` a host batch (leading axis = rows) onto ``mesh`` (or the active mesh; none: as is), rows
-    over ``data``."""
+    """``device_put`` a host batch (leading axis = rows) onto ``mesh`` (or the active mesh), rows over ``data``.
+
+    Without a mesh the batch is returned as it is: every caller passes it straight to a jitted program, which
+    copies a host array to the device in a few µs, against ~20-30 µs for an eager ``jnp.asarray``.
+    """
     mesh = mesh if mesh is not None else _concrete_mesh()
     x = np.asarray(x) if not isinstance(x, jax.Array) else x
     if mesh is None:
-        return jax.numpy.asarray(x)
+        return x
     return jax.device_put(x, batch_sharding(mesh, x.shape))
 
 

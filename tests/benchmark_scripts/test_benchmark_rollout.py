@@ -45,7 +45,12 @@ def test_simulated_device_runs_the_loops_host_work_and_leaves_the_real_programs_
     assert result["device_busy_seconds"] == pytest.approx(0.002 * result["padded_rows"])
     assert 0 < result["loop_vs_floor"] <= 1
     assert result["host_us_per_env_step"] > 0
-    assert set(result["host_wall_us_per_env_step_by_part"]) == {"prepare", "model (host part)", "env", "other"}
+    assert set(result["host_wall_us_per_env_step_by_part"]) == {"prepare", "model (host part)", "env", "other",
+                                                                 "of which on the host worker"}
+    # the pipelined tick steps the env and builds next prompts on its host worker, off the loop's own thread
+    assert result["host_wall_us_per_env_step_by_part"]["of which on the host worker"] > 0
+    assert result["serial"]["host_wall_us_per_env_step_by_part"]["of which on the host worker"] == 0
+    assert 0 < result["loop_thread_us_per_env_step"] < result["host_us_per_env_step"]
     assert result["pipelined"] and not result["serial"]["pipelined"]
     assert result["serial"]["env_steps"] == result["env_steps"]  # the same run, serial and pipelined
     assert scoring._score_packed is program and RolloutEngine.tick is tick
