@@ -19,6 +19,7 @@ cost nothing. Printed:
     python benchmarks/rollout.py --model 30m --updates 1          # a ~30M-parameter Qwen2-shaped random model
     python benchmarks/rollout.py --quick                          # seconds: tiny random model (tests)
     python benchmarks/rollout.py --simulate-device 0.9            # no model: a device taking 0.9 ms per row
+    python benchmarks/rollout.py --config configs/generate.yaml --simulate-device 0.9 --decode-ms 0.5
 
 ``--simulate-device MS`` (the serial tick, then the pipelined one) predicts the loop on an accelerator from a
 CPU: every policy call still does its host work (prompts, candidates, tokenising, padding, host-to-device
@@ -27,7 +28,9 @@ milliseconds per padded row, one call after another, without host CPU (the score
 candidate ties). The floor is then the device's busy time, and the loop's own cost is measured as CPU time:
 host microseconds per env step of the whole process and of the loop's own thread (the one that dispatches the
 device's work; a pipelined tick's env steps and next prompts run on a host worker thread beside it), and wall time
-by part.
+by part. With a generate-mode config the decode lanes' programs are simulated instead (``MS`` per prefilled row,
+``--decode-ms`` per decode step of a lane; every reply writes ``--reply``), and the loop thread's CPU is reported
+per decode call and per decode step.
 
 Timings need an otherwise idle machine: the load average is printed with the results.
 """
@@ -53,6 +56,7 @@ if str(ROOT) not in sys.path:
 import esjax.agent.scoring as scoring  # noqa: E402
 import esjax.train.trainer as driver  # noqa: E402
 from esjax.config import load_config  # noqa: E402
+from esjax.loop.generate import GenerateEngine  # noqa: E402
 from esjax.loop.rollout import RolloutEngine, TickStats  # noqa: E402
 from esjax.rundir.machine import machine_info  # noqa: E402
 
@@ -80,6 +84,7 @@ class Recorder:
 
     def install(self) -> None:
         tick, program, prepare = RolloutEngine.tick, scoring._score_packed, scoring.prepare_jit
+        generate_tick = GenerateEngine.tick
         run = driver.Trainer.run
         recorder = self
 
@@ -94,12 +99,14 @@ class Recorder:
                     recorder.loop_cpu_seconds += time.process_time() - start_cpu
                     recorder.loop_thread_cpu_seconds += time.thread_time() - start_thread
 
-        def recorded_tick(engine, params_at):
-            finished, stats = tick(engine, params_at)
-            if recorder.active:
-                recorder.ticks += 1
-                recorder.stats.add(stats)
-            return finished, stats
+        def recorded(tick):
+            def recorded_tick(engine, params_at):
+                finished, stats = tick(engine, params_at)
+                if recorder.active:
+                    recorder.ticks += 1
+                    recorder.stats.add(stats)
+                return finished, stats
+            return recorded_tick
 
         def recorded_program(config, params, prepared, *arrays):
             key = tuple(a.shape for a in arrays) + ((None if prepared is None else prepared.groups),)
@@ -113,16 +120,16 @@ class Recorder:
             recorder.last_perturbation = perturbation
             return prepare(perturbation, params)
 
-        RolloutEngine.tick = recorded_tick
+        RolloutEngine.tick, GenerateEngine.tick = recorded(tick), recorded(generate_tick)
         driver.Trainer.run = recorded_run
         scoring._score_packed = recorded_program
         scoring.prepare_jit = recorded_prepare
         self._program, self._prepare = program, prepare
-        self._originals = tick, run
+        self._originals = tick, generate_tick, run
 
     def uninstall(self) -> None:
         """Put back what :meth:`install` replaced (a test process goes on scoring with the real programs)."""
-        RolloutEngine.tick, driver.Trainer.run = self._originals
+        RolloutEngine.tick, GenerateEngine.tick, driver.Trainer.run = self._originals
         scoring._score_packed, scoring.prepare_jit = self._program, self._prepare
 
     def bare_seconds(self, key: tuple, repeats: int) -> float:
@@ -166,17 +173,84 @@ class SimulatedDevice:
 
 
 class _SimulatedOutput:
-    """A pending output of :class:`SimulatedDevice`; ``np.asarray`` waits for it like a device array."""
+    """A pending output of :class:`SimulatedDevice` (zeros) or :class:`SimulatedLaneDevice` (``values``);
+    ``np.asarray`` waits for it like a device array."""
 
-    def __init__(self, device: SimulatedDevice, ready_at: float, shape: tuple[int, int]) -> None:
-        self.device, self.ready_at, self.shape = device, ready_at, shape
+    def __init__(self, device: SimulatedDevice, ready_at: float, shape: tuple[int, ...],
+                 values: np.ndarray | None = None) -> None:
+        self.device, self.ready_at, self.shape, self.values = device, ready_at, shape, values
 
     def __array__(self, dtype=None, copy=None):
         wait = self.ready_at - time.perf_counter()
         if wait > 0:
             time.sleep(wait)
             self.device.waited_seconds += wait
+        if self.values is not None:
+            return self.values if dtype is None else self.values.astype(dtype)
         return np.zeros(self.shape, dtype or np.float32)
+
+    def __getitem__(self, index):
+        values = self.values[index]
+        return _SimulatedOutput(self.device, self.ready_at, values.shape, values)
+
+
+class SimulatedLaneDevice(SimulatedDevice):
+    """Generate mode's stand-in: replaces the decode lanes' programs (prefill, insert, decode, shift) by a serial
+    device taking ``seconds_per_row`` per prefilled row and ``seconds_per_step`` per decode step of a lane (decoding
+    is bound by reading the weights once per step, whatever the rows). Every row writes ``reply`` token by token
+    (token ``n`` of a turn is ``reply[n]``), so turns end, are parsed and step the env as in a real run; what the
+    policy would write is not simulated."""
+
+    def __init__(self, seconds_per_row: float, seconds_per_step: float, reply: str) -> None:
+        super().__init__(seconds_per_row)
+        self.seconds_per_step = seconds_per_step
+        self.reply = reply
+        self.reply_ids: np.ndarray | None = None  # the reply in the run's tokenizer, set by the engine hook
+        self.decode_calls = self.decode_steps = self.prefill_rows = 0
+
+    def _queue(self, cost: float, values: np.ndarray) -> _SimulatedOutput:
+        self.free_at = max(self.free_at, time.perf_counter()) + cost
+        self.busy_seconds += cost
+        return _SimulatedOutput(self, self.free_at, values.shape, values)
+
+    def _tokens(self, counts) -> np.ndarray:
+        return self.reply_ids[np.asarray(counts) % len(self.reply_ids)].astype(np.int32)
+
+    def prefill(self, config, sampling, params, prepared, tokens, mask, lo, hi, counts, greedy):
+        self.prefill_rows += tokens.shape[0]
+        return None, None, self._queue(tokens.shape[0] * self.seconds_per_row, self._tokens(counts))
+
+    def decode(self, config, sampling, params, prepared, cache, cur, pos, counts, active, greedy, lo, hi, steps):
+        self.decode_calls += 1
+        self.decode_steps += steps
+        tokens = self._tokens(np.asarray(counts)[:, None] + np.arange(steps)[None, :])
+        return cache, self._queue(steps * self.seconds_per_step, tokens)
+
+    def install(self) -> None:
+        import esjax.agent.lanes as lanes
+        import esjax.loop.generate as generate
+
+        self._originals = (lanes._prefill, lanes._insert, lanes._decode, lanes._shift, lanes.prepare_jit,
+                           generate.GenerateEngine.__init__)
+        init = generate.GenerateEngine.__init__
+        device = self
+
+        def hooked_init(engine, pool, agent, *args, **kwargs):
+            device.reply_ids = np.asarray(agent.tokenizer.encode(device.reply, add_special_tokens=False).ids)
+            init(engine, pool, agent, *args, **kwargs)
+
+        lanes._prefill, lanes._decode = self.prefill, self.decode
+        lanes._insert = lambda cache, k_new, v_new, mask, rows, cur, first: (cache, first)
+        lanes._shift = lambda cache, shift: cache
+        lanes.prepare_jit = lambda perturbation, params: None  # noise preparation is device work too
+        generate.GenerateEngine.__init__ = hooked_init
+
+    def uninstall(self) -> None:
+        import esjax.agent.lanes as lanes
+        import esjax.loop.generate as generate
+
+        (lanes._prefill, lanes._insert, lanes._decode, lanes._shift, lanes.prepare_jit,
+         generate.GenerateEngine.__init__) = self._originals
 
 
 def measure_simulated(config_path: str, overrides: list[str], milliseconds_per_row: float,
@@ -218,6 +292,67 @@ def measure_simulated(config_path: str, overrides: list[str], milliseconds_per_r
         "loop_thread_us_per_env_step": 1e6 * recorder.loop_thread_cpu_seconds / steps,
         "host_wall_us_per_env_step_by_part": {k: 1e6 * v / steps for k, v in per_step.items()},
     }
+
+
+def measure_simulated_generate(config_path: str, overrides: list[str], milliseconds_per_row: float,
+                               milliseconds_per_step: float, reply: str) -> dict[str, Any]:
+    """Generate mode against :class:`SimulatedLaneDevice`: loop/floor and the loop thread's CPU per decode call and
+    per decode step."""
+    from esjax.loop.generate import GenTickStats
+
+    recorder = Recorder()
+    recorder.stats = GenTickStats()  # generate mode's ticks count lanes, rows and steps too
+    recorder.install()
+    device = SimulatedLaneDevice(milliseconds_per_row / 1000, milliseconds_per_step / 1000, reply)
+    device.install()
+    try:
+        run_config(config_path, overrides)  # warm-up: compiles the update programs
+        device.busy_seconds = device.waited_seconds = 0.0
+        device.decode_calls = device.decode_steps = device.prefill_rows = 0
+        recorder.active = True
+        result = run_config(config_path, overrides)
+    finally:
+        recorder.uninstall()
+        device.uninstall()
+    s, calls, steps = recorder.stats, max(device.decode_calls, 1), max(device.decode_steps, 1)
+    return {
+        "config": config_path, "overrides": overrides, "machine": machine_info(), "mode": "generate",
+        "simulated_ms_per_row": milliseconds_per_row, "simulated_ms_per_decode_step": milliseconds_per_step,
+        "reply": reply, "updates": result.version, "ticks": recorder.ticks, "env_steps": s.rows,
+        "decode_calls": device.decode_calls, "decode_steps": device.decode_steps, "prefill_rows": device.prefill_rows,
+        "loop_seconds": recorder.loop_seconds, "loop_cpu_seconds": recorder.loop_cpu_seconds,
+        "loop_thread_cpu_seconds": recorder.loop_thread_cpu_seconds,
+        "device_busy_seconds": device.busy_seconds, "waited_seconds": device.waited_seconds,
+        "loop_vs_floor": device.busy_seconds / recorder.loop_seconds,
+        "loop_thread_us_per_decode_call": 1e6 * recorder.loop_thread_cpu_seconds / calls,
+        "loop_thread_us_per_decode_step": 1e6 * recorder.loop_thread_cpu_seconds / steps,
+        "lane_row_steps": s.row_steps,
+        "model_host_us_per_decode_step": 1e6 * (s.model_s - device.waited_seconds) / steps,
+        "prepare_us_per_prefill": 1e6 * s.prepare_s / max(device.prefill_rows, 1),
+        "host_us_per_decode_step": 1e6 * recorder.loop_cpu_seconds / steps,
+        "host_wall_s_by_part": {"prepare": s.prepare_s, "model (host part)": s.model_s - device.waited_seconds,
+                                "env": s.env_s, "other": recorder.loop_seconds - s.prepare_s - s.model_s - s.env_s},
+    }
+
+
+def report_simulated_generate(r: dict[str, Any]) -> str:
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in r["host_wall_s_by_part"].items())
+    return "\n".join([
+        f"{r['config']} {' '.join(r['overrides'])}",
+        f"  machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, load {r['machine']['loadavg']}",
+        f"  generate mode, simulated device: {r['simulated_ms_per_row']} ms per prefilled row, "
+        f"{r['simulated_ms_per_decode_step']} ms per decode step; every reply {r['reply']!r}",
+        f"  {r['decode_calls']} decode calls ({r['decode_steps']} lane steps), {r['prefill_rows']} prefilled rows, "
+        f"{r['env_steps']} env steps",
+        f"  loop vs simulated-device floor: {r['loop_vs_floor']:.2f} (device busy {r['device_busy_seconds']:.1f} s "
+        f"of {r['loop_seconds']:.1f} s; the loop waited for it {r['waited_seconds']:.1f} s)",
+        f"  CPU of the loop's own thread: {r['loop_thread_us_per_decode_call']:.0f} µs per decode call, "
+        f"{r['loop_thread_us_per_decode_step']:.0f} µs per decode step (process, all threads: "
+        f"{r['host_us_per_decode_step']:.0f} µs per decode step)",
+        f"  host wall by part (s, device waits excluded): {parts}; per decode step the model's host part "
+        f"{r['model_host_us_per_decode_step']:.0f} µs (lanes of {r['lane_row_steps'] / max(r['decode_steps'], 1):.0f}"
+        f" rows on average), per prefilled row the prompt {r['prepare_us_per_prefill']:.0f} µs",
+    ])
 
 
 def report_simulated(r: dict[str, Any]) -> str:
@@ -324,6 +459,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--json", type=Path, help="also write the result here")
     ap.add_argument("--simulate-device", type=float, metavar="MS", default=None,
                     help="no model: a simulated device taking MS milliseconds per padded row of a policy call")
+    ap.add_argument("--decode-ms", type=float, default=0.5,
+                    help="generate mode with --simulate-device: milliseconds per decode step of a lane")
+    ap.add_argument("--reply", default="search[women's long sleeve cotton shirt, size medium, price under 30 dollars]",
+                    help="generate mode with --simulate-device: what every simulated reply writes")
     args = ap.parse_args(argv)
     overrides = [f"run.updates={args.updates}", "run.progress=false", "run.eval_every=1000",
                  "run.checkpoint_every=1000"]
@@ -332,7 +471,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         overrides = [o for o in overrides if not o.startswith("run.updates")] + ["run.updates=1"] + TINY
         args.repeats = 1
-    if args.simulate_device is not None:  # the serial tick first: the baseline of the same run
+    generate_mode = load_config(args.config, overrides + args.set).agent.mode == "generate"
+    if args.simulate_device is not None and generate_mode:
+        result = measure_simulated_generate(args.config, overrides + args.set, args.simulate_device, args.decode_ms,
+                                            args.reply)
+        print(report_simulated_generate(result))
+    elif args.simulate_device is not None:  # the serial tick first: the baseline of the same run
         serial = measure_simulated(args.config, overrides + args.set, args.simulate_device, pipelined=False)
         print(report_simulated(serial))
         result = measure_simulated(args.config, overrides + args.set, args.simulate_device, pipelined=True)

@@ -54,3 +54,23 @@ def test_simulated_device_runs_the_loops_host_work_and_leaves_the_real_programs_
     assert result["pipelined"] and not result["serial"]["pipelined"]
     assert result["serial"]["env_steps"] == result["env_steps"]  # the same run, serial and pipelined
     assert scoring._score_packed is program and RolloutEngine.tick is tick
+
+
+@pytest.mark.slow
+def test_simulated_device_in_generate_mode_writes_replies_that_step_the_env():
+    import esjax.agent.lanes as lanes
+    from esjax.loop.generate import GenerateEngine
+
+    module = _benchmark()
+    programs = (lanes._prefill, lanes._decode, lanes._insert, lanes._shift, lanes.prepare_jit, GenerateEngine.__init__)
+    result = module.main(["--quick", "--config", str(ROOT / "configs" / "generate-tiny.yaml"),
+                          "--simulate-device", "1", "--decode-ms", "0.5", "--reply", "click[buy now]"])
+    assert result["mode"] == "generate" and result["decode_calls"] > 0 and result["prefill_rows"] > 0
+    # every reply is a complete action, so turns end and the env steps
+    assert result["env_steps"] > 0 and result["decode_steps"] >= result["decode_calls"]
+    # the device is busy exactly its simulated prefill and decode time, and the loop cannot finish before it
+    assert result["device_busy_seconds"] == pytest.approx(0.001 * result["prefill_rows"]
+                                                          + 0.0005 * result["decode_steps"])
+    assert 0 < result["loop_vs_floor"] <= 1 and result["loop_thread_us_per_decode_step"] > 0
+    assert (lanes._prefill, lanes._decode, lanes._insert, lanes._shift, lanes.prepare_jit,
+            GenerateEngine.__init__) == programs  # the real programs are back
