@@ -17,6 +17,7 @@ invalid action.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -29,6 +30,9 @@ SYSTEM_PROMPT = ("You are a shopping agent on WebShop. Read the instruction and 
 
 #: Longest stretch of an unparsable reply sent to the env (and kept in the trace).
 MAX_RAW_ACTION_CHARS = 200
+
+#: Rendered prompts whose ids are kept (least recently used dropped).
+PROMPT_CACHE = 4_096
 
 
 @dataclasses.dataclass
@@ -71,6 +75,10 @@ class GenerateAgent:
         vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
         #: tokens whose text holds a ']' (only after one can a reply hold a complete action)
         self.closing_ids = frozenset(int(i) for tok, i in vocab.items() if "]" in tok)
+        # Prompts recur (a version's members play the same goals: their first turns, and later ones where they
+        # acted alike) and tokenising a ~2,000-character chat prompt costs ~1 ms: ids kept by text, least
+        # recently used dropped (a prompt of 384 ids is ~15 kB, so at most ~60 MB)
+        self.encode_prompt = functools.lru_cache(maxsize=PROMPT_CACHE)(self._encode_prompt)
 
     # -------------------------------------------------------------------------------------------- prompts
     def messages(self, observation: str, available: Mapping[str, Any], memory: GenMemory) -> list[dict[str, str]]:
@@ -95,10 +103,12 @@ class GenerateAgent:
         return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
 
     def prompt_ids(self, observation: str, available: Mapping[str, Any], memory: GenMemory) -> list[int]:
+        """The turn's prompt ids (a shared list: do not modify)."""
         return self.encode_prompt(self.prompt_text(observation, available, memory))
 
-    def encode_prompt(self, text: str) -> list[int]:
-        """A rendered prompt's ids within ``max_prompt_tokens`` (head and tail kept)."""
+    def _encode_prompt(self, text: str) -> list[int]:
+        """A rendered prompt's ids within ``max_prompt_tokens`` (head and tail kept); ``encode_prompt`` is this,
+        cached by text."""
         ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
         limit = self.max_prompt_tokens
         if len(ids) > limit:

@@ -23,6 +23,7 @@ current item page, which WebShop's text observation does not show.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -32,6 +33,11 @@ _BUTTONS = {"back to search", "next >", "< prev", "description", "features", "re
 _PRICE = re.compile(r"^\$[\d,.]+( to \$[\d,.]+)?$")
 
 PromptStyle = Literal["compact", "chat"]
+
+#: Token ids kept by text (least recently used dropped): prompts of the live episodes, and every candidate text
+#: (titles, options) a run's pages show.
+PROMPT_CACHE = 16_384
+CANDIDATE_CACHE = 65_536
 
 SYSTEM_PROMPT = ("You are a shopping agent on WebShop. Read the instruction and the page, "
                  "then choose the next action.")
@@ -194,24 +200,17 @@ class WebShopAgent:
         if score_norm not in ("mean", "sum"):
             raise ValueError(f"agent score_norm must be 'mean' or 'sum', got {score_norm!r}")
         self.score_norm = score_norm
-        self._cache: dict[str, list[int]] = {}
-        self._candidate_ids: dict[str, list[int]] = {}  # candidate text -> its (truncated) ids
-
-    def encode(self, text: str) -> list[int]:
-        return self._cached(self._cache, text, self._tokenize)
+        # Texts recur (every member of a version plays the same goals, and pages repeat), and a tokenizer call
+        # costs ~100 µs: ids are kept by text, least recently used dropped past a bound (a few hundred MB at most).
+        self.encode = functools.lru_cache(maxsize=PROMPT_CACHE)(self._tokenize)
+        self._candidate_ids = functools.lru_cache(maxsize=CANDIDATE_CACHE)(self._tokenize_candidate)
 
     def _tokenize(self, text: str) -> list[int]:
+        """``text``'s ids (``encode`` is this, cached: the list is shared, do not modify it)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
-    @staticmethod
-    def _cached(cache: dict[str, list[int]], key: str, make) -> list[int]:
-        """``cache[key]``, made on a miss and kept while the cache holds fewer than 200,000 entries."""
-        ids = cache.get(key)
-        if ids is None:
-            ids = make(key)
-            if len(cache) < 200_000:
-                cache[key] = ids
-        return ids
+    def _tokenize_candidate(self, text: str) -> list[int]:
+        return self._tokenize(" " + text)[: self.max_candidate_tokens]
 
     def prompt_text(self, observation: str, available: dict, memory: EpisodeMemory,
                     candidates: Sequence[Candidate]) -> str:
@@ -230,8 +229,7 @@ class WebShopAgent:
     def encode_candidate(self, candidate: Candidate) -> list[int]:
         """The candidate's ids (a shared list: do not modify). Cached by its text, which is hashed once, instead
         of building and hashing ``" " + text`` and slicing it again for each of the ~27 candidates of a step."""
-        return self._cached(self._candidate_ids, candidate.text,
-                            lambda text: self._tokenize(" " + text)[: self.max_candidate_tokens])
+        return self._candidate_ids(candidate.text)
 
     def new_memory(self, instruction: str) -> EpisodeMemory:
         return EpisodeMemory(instruction)
