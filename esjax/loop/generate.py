@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, wait
 from typing import Any
 
 from esjax.agent.buckets import next_power_of_two
@@ -58,6 +59,7 @@ class GenEpisode(Episode):
     """An episode of generate mode: its current turn's prompt and tokens so far."""
 
     tokens: list[int] = dataclasses.field(default_factory=list)  # this turn's tokens so far
+    prompt: list[int] | None = None  # this turn's prompt ids once built (a pipelined tick builds them early)
     prompt_len: int = 0
     needs_prefill: bool = True
     invalid_actions: int = 0
@@ -98,13 +100,18 @@ class GenerateEngine(RolloutEngine):
       max_new_tokens: longest reply of one turn.
       decode_steps: decode steps per tick.
       max_prompt_tokens: the agent's prompt limit (sizes the decode lanes).
+      pipelined: as soon as a lane's tokens are read, the rows whose turn ended there step the env and build
+        their next prompts on the host worker thread while the loop's thread reads the next lanes (False: every
+        ended row steps at the end of the tick, on the loop's thread). The same env steps, prompts and tokens
+        either way, so runs are identical; the overlap grows with the versions live at once.
     """
 
     def __init__(self, pool: EnvPool, agent: GeneratingAgent, model_config: ModelConfig, noise: NoiseSpec,
                  sigma_at: Callable[[int], float], max_steps: int, sampling: Sampling, max_new_tokens: int,
-                 decode_steps: int = 1, max_prompt_tokens: int = 1024, step_timeout: float | None = None):
+                 decode_steps: int = 1, max_prompt_tokens: int = 1024, step_timeout: float | None = None,
+                 pipelined: bool = True):
         super().__init__(pool, agent, model_config, noise, sigma_at, max_steps, sampling.temperature,
-                         step_timeout=step_timeout)
+                         step_timeout=step_timeout, pipelined=pipelined)
         if max_new_tokens < 1 or decode_steps < 1:
             raise ValueError(f"generate: need max_new_tokens >= 1 and decode_steps >= 1, got {max_new_tokens}, "
                              f"{decode_steps}")
@@ -202,7 +209,7 @@ class GenerateEngine(RolloutEngine):
                 self._release(episode.row)
                 slot = lane.free_row({e[0] for e in entries})
                 self.lane_row[episode.row] = (version, slot)
-                ids = self.agent.prompt_ids(episode.observation, episode.available, episode.memory)
+                ids = self._prompt(episode)
                 episode.prompt_len = len(ids)
                 entries.append((slot, ids + episode.tokens, self._state(episode)))
                 starting.append(episode)
@@ -219,24 +226,50 @@ class GenerateEngine(RolloutEngine):
             stats.decode_steps += steps
             stats.row_steps += lane.rows * steps
 
-        t0 = time.perf_counter()
         ended: list[GenEpisode] = []
-        for lane, group, starting, first, out in pending:
-            first_h = None if first is None else to_host(first)
-            out_h = to_host(out)
-            for i, episode in enumerate(starting):
-                episode.needs_prefill = False
-                self._take(episode, [int(first_h[i])])
-            for episode in group:
-                slot = self.lane_row[episode.row][1]
-                stats.useful_steps += self._take(episode, [int(t) for t in out_h[slot]])
-                if self._turn_over(episode):
-                    ended.append(episode)
-                else:
-                    lane.states[slot].cur = episode.tokens[-1]
-        stats.model_s += time.perf_counter() - t0
+        turns: list[tuple[GenEpisode, str, str]] = []  # (episode, reply, action) of the turns not yet stepped
+        stepping: list[Future] = []
+        worker_stats = GenTickStats()  # written by the worker only, added to the tick's once it has finished
+        try:
+            for lane, group, starting, first, out in pending:
+                t0 = time.perf_counter()
+                first_h = None if first is None else to_host(first)
+                out_h = to_host(out)
+                for i, episode in enumerate(starting):
+                    episode.needs_prefill = False
+                    self._take(episode, [int(first_h[i])])
+                lane_ended = []
+                for episode in group:
+                    slot = self.lane_row[episode.row][1]
+                    stats.useful_steps += self._take(episode, [int(t) for t in out_h[slot]])
+                    if self._turn_over(episode):
+                        lane_ended.append(episode)
+                    else:
+                        lane.states[slot].cur = episode.tokens[-1]
+                stats.model_s += time.perf_counter() - t0
+                ended += lane_ended
+                turns += self._end_turns(lane_ended, stats)
+                if self.pipelined and turns:  # a lane's episodes are its own: the worker and this thread share none
+                    stepping.append(self._host_worker().submit(self._step_turns, turns, worker_stats, True))
+                    turns = []
+        finally:  # nothing of this tick still runs when it returns or raises
+            wait(stepping)
+        for future in stepping:  # an env-pool error raises here, as in the serial tick
+            future.result()
+        worker_stats.worker_s = worker_stats.prepare_s + worker_stats.env_s
+        stats.add(worker_stats)
+        self._step_turns(turns, stats, prepare_next=False)
         stats.model_rows = sum(len(g) for _, g, _, _, _ in pending)
-        return self._act(ended, stats)
+        finished: list[Episode] = []
+        for episode in ended:  # in the serial tick's order: freed rows are reused in it
+            self._retire_if_over(episode, finished)
+        return finished, stats
+
+    def _prompt(self, episode: GenEpisode) -> list[int]:
+        """The turn's prompt ids: built early by a pipelined tick, or now (and kept for the turn)."""
+        if episode.prompt is None:
+            episode.prompt = self.agent.prompt_ids(episode.observation, episode.available, episode.memory)
+        return episode.prompt
 
     def _take(self, episode: GenEpisode, tokens: list[int]) -> int:
         """Append tokens to the turn until it is over (stop token, complete action or ``max_new_tokens``);
@@ -256,36 +289,48 @@ class GenerateEngine(RolloutEngine):
         return bool(tokens) and (tokens[-1] == -1 or tokens[-1] in self.agent.stop_token_ids
                                  or len(tokens) >= self.max_new_tokens)
 
-    def _act(self, ended: list[GenEpisode], stats: GenTickStats) -> tuple[list[Episode], GenTickStats]:
-        """Env steps for the rows whose turn ended; returns the episodes that finished."""
-        actions: list[str | None] = [None] * len(self.pool)
-        replies: dict[int, str] = {}
+    def _end_turns(self, ended: list[GenEpisode], stats: GenTickStats) -> list[tuple[GenEpisode, str, str]]:
+        """Parse each ended turn's reply into its action and free its lane row: (episode, reply, action) each."""
+        turns = []
         for episode in ended:
             tokens = [t for t in episode.tokens if t >= 0]
             stats.generated += len(tokens)
             stats.tokens += len(tokens)
             reply, action, _ = self.agent.parse(self.agent.decode(tokens))
-            replies[episode.row] = reply
-            actions[episode.row] = action
+            turns.append((episode, reply, action))
             self._release(episode.row)
             episode.tokens = []
+            episode.prompt = None
             episode.needs_prefill = True
-        stats.rows = len(ended)
+        return turns
+
+    def _step_turns(self, turns: list[tuple[GenEpisode, str, str]], stats: GenTickStats, prepare_next: bool) -> None:
+        """Step the env rows of ``turns`` in one batched pool call and take in what each sees; with
+        ``prepare_next``, build the next turn's prompt of those still running (a pipelined tick)."""
+        if not turns:
+            return
+        actions: list[str | None] = [None] * len(self.pool)
+        for episode, _, action in turns:
+            actions[episode.row] = action
+        stats.rows += len(turns)
         t0 = time.perf_counter()
         results, failures = self._step(actions)
         available = self._available(list(results))
         stats.env_s += time.perf_counter() - t0
-        finished: list[Episode] = []
-        for episode in ended:
+        for episode, reply, action in turns:
             if episode.row in failures:
                 episode.done, episode.reward, episode.failure = True, 0.0, failures[episode.row]
-            else:
-                observation, reward, done, info = results[episode.row]
-                episode.observation = observation
-                self._acted(episode, replies[episode.row], actions[episode.row], info, available[episode.row])
-                stats.invalid_actions += not info.get("valid", True)
-                if done:
-                    episode.done, episode.reward, episode.info = True, float(reward), info
-            self._retire_if_over(episode, finished)
-        return finished, stats
+                continue
+            observation, reward, done, info = results[episode.row]
+            episode.observation = observation
+            self._acted(episode, reply, action, info, available[episode.row])
+            stats.invalid_actions += not info.get("valid", True)
+            if done:
+                episode.done, episode.reward, episode.info = True, float(reward), info
+        if prepare_next:
+            t0 = time.perf_counter()
+            for episode, _, _ in turns:
+                if not episode.done and episode.steps < self.max_steps:
+                    self._prompt(episode)
+            stats.prepare_s += time.perf_counter() - t0
 

@@ -1,22 +1,28 @@
 """The pipelined tick (env steps and next prompts of each call's rows while later calls compute) changes nothing
-a run records: the embedded policy on real WebShop, serial and pipelined, gives the same records, traces and θ."""
+a run records: the embedded policies on real WebShop, serial and pipelined, give the same records, traces and θ, in
+score mode and in generate mode."""
 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pytest
 from conftest import same_bits, theta_moved
 from run_settings import embedded
 
+import esjax.loop.generate as generate
 import esjax.train.parts as parts
 from esjax.config import load_config
+from esjax.loop.generate import GenerateEngine
 from esjax.loop.rollout import RolloutEngine
 from esjax.rundir.metrics import untimed
 from esjax.train.session import train
 
+REPO = Path(__file__).resolve().parents[2]
 
-def _run(tmp_path, monkeypatch, name: str, pipelined: bool):
+
+def _run(tmp_path, monkeypatch, name: str, pipelined: bool, config_path=None, overrides=None):
     steps = []
     original = RolloutEngine._step
 
@@ -26,21 +32,40 @@ def _run(tmp_path, monkeypatch, name: str, pipelined: bool):
 
     with monkeypatch.context() as patch:
         patch.setattr(parts, "RolloutEngine", functools.partial(RolloutEngine, pipelined=pipelined))
+        patch.setattr(generate, "GenerateEngine", functools.partial(GenerateEngine, pipelined=pipelined))
         patch.setattr(RolloutEngine, "_step", counted)
         # 16 slots of 2 episodes: several policy calls per tick, so a pipelined tick steps the env several times
-        config = load_config(None, embedded(run__updates=3, es__population=16, schedule__slots=16,
-                                            env__eval_goals=8))
+        config = load_config(config_path, overrides or embedded(run__updates=3, es__population=16,
+                                                                schedule__slots=16, env__eval_goals=8))
         result = train(config, run_dir=tmp_path / name)
     return result, steps
+
+
+def _assert_same_run(tmp_path, serial, pipelined) -> None:
+    assert theta_moved(serial.records) and same_bits(serial.params, pipelined.params)
+    assert untimed(serial.records) == untimed(pipelined.records)
+    for trace in sorted((tmp_path / "serial" / "traces").iterdir()):
+        assert trace.read_bytes() == (tmp_path / "pipelined" / "traces" / trace.name).read_bytes()
 
 
 @pytest.mark.slow
 def test_pipelined_and_serial_ticks_record_the_same_run(tmp_path, monkeypatch):
     serial, serial_steps = _run(tmp_path, monkeypatch, "serial", pipelined=False)
     pipelined, pipelined_steps = _run(tmp_path, monkeypatch, "pipelined", pipelined=True)
-    assert theta_moved(serial.records) and same_bits(serial.params, pipelined.params)
-    assert untimed(serial.records) == untimed(pipelined.records)
-    for trace in sorted((tmp_path / "serial" / "traces").iterdir()):
-        assert trace.read_bytes() == (tmp_path / "pipelined" / "traces" / trace.name).read_bytes()
+    _assert_same_run(tmp_path, serial, pipelined)
     # the same env steps, split over more pool calls
+    assert sum(serial_steps) == sum(pipelined_steps) and len(pipelined_steps) > len(serial_steps)
+
+
+@pytest.mark.slow
+def test_pipelined_and_serial_generate_ticks_record_the_same_run(tmp_path, monkeypatch):
+    """configs/generate.yaml's policy, natural asynchrony with evaluations between: several versions' lanes in a
+    tick, so the pipelined tick steps each lane's ended turns while it reads the next lane."""
+    small = ["run.updates=3", "run.eval_every=1", "run.checkpoint_every=1", "run.progress=false",
+             "run.plots=false", "es.population=4", "schedule.slots=4", "env.tasks_per_member=2", "env.eval_goals=2",
+             "env.max_steps=6", "agent.decode_steps=2"]
+    config = REPO / "configs" / "generate.yaml"
+    serial, serial_steps = _run(tmp_path, monkeypatch, "serial", False, config, small)
+    pipelined, pipelined_steps = _run(tmp_path, monkeypatch, "pipelined", True, config, small)
+    _assert_same_run(tmp_path, serial, pipelined)
     assert sum(serial_steps) == sum(pipelined_steps) and len(pipelined_steps) > len(serial_steps)
