@@ -295,16 +295,20 @@ def measure_simulated(config_path: str, overrides: list[str], milliseconds_per_r
 
 
 def measure_simulated_generate(config_path: str, overrides: list[str], milliseconds_per_row: float,
-                               milliseconds_per_step: float, reply: str) -> dict[str, Any]:
+                               milliseconds_per_step: float, reply: str, pipelined: bool = True) -> dict[str, Any]:
     """Generate mode against :class:`SimulatedLaneDevice`: loop/floor and the loop thread's CPU per decode call and
-    per decode step."""
-    from esjax.loop.generate import GenTickStats
+    per decode step, with the pipelined tick or the serial one (``GenerateEngine(pipelined=False)``)."""
+    import functools
+
+    import esjax.loop.generate as generate
 
     recorder = Recorder()
-    recorder.stats = GenTickStats()  # generate mode's ticks count lanes, rows and steps too
+    recorder.stats = generate.GenTickStats()  # generate mode's ticks count lanes, rows and steps too
     recorder.install()
     device = SimulatedLaneDevice(milliseconds_per_row / 1000, milliseconds_per_step / 1000, reply)
     device.install()
+    engine = generate.GenerateEngine
+    generate.GenerateEngine = functools.partial(engine, pipelined=pipelined)
     try:
         run_config(config_path, overrides)  # warm-up: compiles the update programs
         device.busy_seconds = device.waited_seconds = 0.0
@@ -312,11 +316,13 @@ def measure_simulated_generate(config_path: str, overrides: list[str], milliseco
         recorder.active = True
         result = run_config(config_path, overrides)
     finally:
+        generate.GenerateEngine = engine
         recorder.uninstall()
         device.uninstall()
     s, calls, steps = recorder.stats, max(device.decode_calls, 1), max(device.decode_steps, 1)
     return {
         "config": config_path, "overrides": overrides, "machine": machine_info(), "mode": "generate",
+        "pipelined": pipelined,
         "simulated_ms_per_row": milliseconds_per_row, "simulated_ms_per_decode_step": milliseconds_per_step,
         "reply": reply, "updates": result.version, "ticks": recorder.ticks, "env_steps": s.rows,
         "decode_calls": device.decode_calls, "decode_steps": device.decode_steps, "prefill_rows": device.prefill_rows,
@@ -331,7 +337,8 @@ def measure_simulated_generate(config_path: str, overrides: list[str], milliseco
         "prepare_us_per_prefill": 1e6 * s.prepare_s / max(device.prefill_rows, 1),
         "host_us_per_decode_step": 1e6 * recorder.loop_cpu_seconds / steps,
         "host_wall_s_by_part": {"prepare": s.prepare_s, "model (host part)": s.model_s - device.waited_seconds,
-                                "env": s.env_s, "other": recorder.loop_seconds - s.prepare_s - s.model_s - s.env_s},
+                                "env": s.env_s, "of which on the host worker": s.worker_s,
+                                "other": recorder.loop_seconds - (s.prepare_s + s.env_s - s.worker_s) - s.model_s},
     }
 
 
@@ -340,7 +347,8 @@ def report_simulated_generate(r: dict[str, Any]) -> str:
     return "\n".join([
         f"{r['config']} {' '.join(r['overrides'])}",
         f"  machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, load {r['machine']['loadavg']}",
-        f"  generate mode, simulated device: {r['simulated_ms_per_row']} ms per prefilled row, "
+        f"  generate mode, {'pipelined' if r['pipelined'] else 'serial'} tick, simulated device: "
+        f"{r['simulated_ms_per_row']} ms per prefilled row, "
         f"{r['simulated_ms_per_decode_step']} ms per decode step; every reply {r['reply']!r}",
         f"  {r['decode_calls']} decode calls ({r['decode_steps']} lane steps), {r['prefill_rows']} prefilled rows, "
         f"{r['env_steps']} env steps",
@@ -472,10 +480,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         overrides = [o for o in overrides if not o.startswith("run.updates")] + ["run.updates=1"] + TINY
         args.repeats = 1
     generate_mode = load_config(args.config, overrides + args.set).agent.mode == "generate"
-    if args.simulate_device is not None and generate_mode:
-        result = measure_simulated_generate(args.config, overrides + args.set, args.simulate_device, args.decode_ms,
-                                            args.reply)
-        print(report_simulated_generate(result))
+    if args.simulate_device is not None and generate_mode:  # the serial tick first, as below
+        runs = [measure_simulated_generate(args.config, overrides + args.set, args.simulate_device, args.decode_ms,
+                                           args.reply, pipelined) for pipelined in (False, True)]
+        for run in runs:
+            print(report_simulated_generate(run))
+        serial, result = runs
+        result["serial"] = serial
+        print(f"  pipelined / serial: loop wall {result['loop_seconds'] / serial['loop_seconds']:.2f}×, "
+              f"loop/floor {serial['loop_vs_floor']:.2f} → {result['loop_vs_floor']:.2f}")
     elif args.simulate_device is not None:  # the serial tick first: the baseline of the same run
         serial = measure_simulated(args.config, overrides + args.set, args.simulate_device, pipelined=False)
         print(report_simulated(serial))

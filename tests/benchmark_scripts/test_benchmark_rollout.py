@@ -72,5 +72,8 @@ def test_simulated_device_in_generate_mode_writes_replies_that_step_the_env():
     assert result["device_busy_seconds"] == pytest.approx(0.001 * result["prefill_rows"]
                                                           + 0.0005 * result["decode_steps"])
     assert 0 < result["loop_vs_floor"] <= 1 and result["loop_thread_us_per_decode_step"] > 0
+    serial = result["serial"]  # the same run with the serial tick: the same work
+    assert result["pipelined"] and not serial["pipelined"]
+    assert (serial["env_steps"], serial["decode_steps"]) == (result["env_steps"], result["decode_steps"])
     assert (lanes._prefill, lanes._decode, lanes._insert, lanes._shift, lanes.prepare_jit,
             GenerateEngine.__init__) == programs  # the real programs are back
