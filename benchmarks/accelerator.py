@@ -4,8 +4,9 @@
     python benchmarks/accelerator.py --update-md BENCHMARKS.md   # also rewrite BENCHMARKS.md's Accelerator section
     python benchmarks/accelerator.py --tiny                 # every section at tiny sizes on CPU (a test runs it)
 
-Sections, in priority order (each runs in its own subprocess, so its peak device memory is its own and a
-crash, an out-of-memory error or a hang costs that section only; a global time budget skips what is left):
+Sections, in priority order (issue 33's device targets first; each runs in its own subprocess, so its peak
+device memory is its own and a crash, an out-of-memory error or a hang costs that section only; a global time
+budget skips what is left):
 
   device        backend, devices, memory limit, jax version
   smoke         core paths on the device at tiny sizes, compared with the CPU backend: ES noise (bit-exact),
@@ -18,8 +19,16 @@ crash, an out-of-memory error or a hang costs that section only; a global time b
                 vs the noise-draw floors, built by benchmarks/es_update.py; peak device memory of each
   plan_*        ``esjax.plan.plan_memory``'s prediction vs the measured peak device memory of a rollout
                 prefill (θ + KV cache + low-rank members) and of the update on the model's parameter tree
-  generation    ``esjax.agent.generation.generate`` new tokens/s with low-rank members (greedy, no stops)
-  rollout       benchmarks/rollout.py (the trainer's loop vs its bare-program floor) on a ~30M random model
+  generation    ``esjax.agent.generation.generate`` new tokens/s with low-rank members (greedy, no stops) at
+                each row count of the sweep (32 / 64 / 256), decode time apart from the prefill, against the
+                bandwidth roofline (weights + live KV cache per decode step at the device copy bandwidth measured
+                in the same section)
+  paper         the published study's config (configs/qwen2.5-7b-generate.yaml: a Qwen2.5-7B shape, random
+                weights, bf16, generate mode, N = 30 rank-1 members) through the trainer for one update on
+                real WebShop goals, with its seconds and peak device memory (few goals and turns: it shows the
+                config runs and what an update costs, not the study's episode budget)
+  rollout       benchmarks/rollout.py (the trainer's loop vs its bare-program floor) on a Qwen2.5-0.5B-shaped
+                random model in score mode
 
 The result is a JSON record (``--json``); ``--markdown`` prints the BENCHMARKS.md section and
 ``--update-md FILE`` replaces that file's "## Accelerator" section with it.
@@ -51,8 +60,8 @@ for p in (ROOT, BENCH):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-SECTIONS = ["device", "smoke", "forward", "update_full", "update_floor", "plan_rollout", "plan_update_full",
-            "plan_update_lowrank", "generation", "rollout"]
+SECTIONS = ["device", "smoke", "generation", "paper", "rollout", "forward", "update_full", "update_floor",
+            "plan_rollout", "plan_update_full", "plan_update_lowrank"]
 #: --tiny leaves out the rollout section: it is benchmarks/rollout.py --quick, which has its own test
 #: (tests/benchmark_scripts/test_benchmark_rollout.py) and would double the tiny run's time.
 TINY_SECTIONS = [s for s in SECTIONS if s != "rollout"]
@@ -69,23 +78,28 @@ class Sizes:
     rounds: int                # interleaved timing rounds of the forward
     population: int            # N of the ES update
     repeats: int               # timed repeats of the update / floors
-    gen_rows: int
+    gen_rows: tuple[int, ...]  # the generation section's row counts
     gen_prompt: int
     gen_new: int
+    paper_config: str          # the paper section's config (a path under the repository)
+    paper_model: str           # its random model's shape (a built-in name of esjax.plan.models, or "tiny")
     budget_s: float            # global wall-clock budget (sections past it are skipped)
     caps: dict[str, float]     # per-section timeout (capped by what is left of the budget)
 
 
+#: The full run fits one device call of 10 minutes (budget 560 s; run it with a 600 s limit).
 FULL = Sizes(model="Qwen2.5-0.5B", dtype="bfloat16", members=32, rows_per_member=4, seq=512, rounds=5,
-             population=32, repeats=5, gen_rows=32, gen_prompt=256, gen_new=64, budget_s=450.0,
-             caps={"device": 60, "smoke": 120, "forward": 240, "update_full": 90, "update_floor": 90,
-                   "plan_rollout": 90, "plan_update_full": 90, "plan_update_lowrank": 90, "generation": 90,
-                   "rollout": 150})
+             population=32, repeats=5, gen_rows=(32, 64, 256), gen_prompt=256, gen_new=64,
+             paper_config="configs/qwen2.5-7b-generate.yaml", paper_model="Qwen2.5-7B", budget_s=560.0,
+             caps={"device": 60, "smoke": 120, "generation": 120, "paper": 240, "rollout": 240, "forward": 240,
+                   "update_full": 90, "update_floor": 90, "plan_rollout": 90, "plan_update_full": 90,
+                   "plan_update_lowrank": 90})
 TINY = Sizes(model="tiny", dtype="bfloat16", members=4, rows_per_member=2, seq=16, rounds=2, population=8,
-             repeats=2, gen_rows=4, gen_prompt=8, gen_new=8, budget_s=240.0,
-             caps={"device": 60, "smoke": 90, "forward": 90, "update_full": 60, "update_floor": 60,
-                   "plan_rollout": 60, "plan_update_full": 60, "plan_update_lowrank": 60, "generation": 60,
-                   "rollout": 120})
+             repeats=2, gen_rows=(2, 4), gen_prompt=8, gen_new=8, paper_config="configs/generate-tiny.yaml",
+             paper_model="tiny", budget_s=300.0,
+             caps={"device": 60, "smoke": 90, "generation": 60, "paper": 120, "rollout": 120, "forward": 90,
+                   "update_full": 60, "update_floor": 60, "plan_rollout": 60, "plan_update_full": 60,
+                   "plan_update_lowrank": 60})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -522,30 +536,99 @@ def section_plan_update_lowrank(sizes: Sizes) -> dict[str, Any]:
     return _plan_update(sizes, "lowrank")
 
 
+def _copy_bandwidth(megabytes: int) -> float:
+    """Bytes per second of a device copy (read + write) of a ``megabytes`` array: the memory bandwidth a
+    bandwidth-bound decode step can use."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((megabytes * 2**20 // 4,), jnp.float32)
+    copy = jax.jit(lambda a: a + 1.0)
+    jax.block_until_ready(copy(x))
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        jax.block_until_ready(copy(x))
+        times.append(time.perf_counter() - t0)
+    return 2 * x.nbytes / statistics.median(times)
+
+
+def _timed(fn, repeats: int = 2) -> tuple[Any, float, float]:
+    """(last output, first call's seconds incl. compile, median seconds of ``repeats`` more calls)."""
+    t0 = time.perf_counter()
+    out = fn()
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return out, first, statistics.median(times)
+
+
 def section_generation(sizes: Sizes) -> dict[str, Any]:
+    """New tokens/s at each row count, the decode steps timed apart from the prefill (a call of one new token),
+    against the bandwidth roofline: per decode step the weights plus every row's live KV cache (prompt and half the
+    new tokens on average) read once at the measured copy bandwidth."""
+    import jax
     import numpy as np
 
     from esjax.agent.generation import generate
 
     config = _model_config(sizes)
     params = _random_params(config, sizes.dtype)
+    param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+    bandwidth = _copy_bandwidth(16 if sizes.model == "tiny" else 2048)
+    itemsize = np.dtype(sizes.dtype).itemsize if sizes.dtype != "bfloat16" else 2
+    kv_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * itemsize
     rng = np.random.default_rng(0)
-    prompts = [rng.integers(0, config.vocab_size, sizes.gen_prompt).tolist() for _ in range(sizes.gen_rows)]
-    pert = _perturbation("lowrank", 1, *_members(sizes.gen_rows, 1), 1)
-    run = lambda: generate(config, params, prompts, pert, max_new_tokens=sizes.gen_new, stop_token_ids=[])
-    t0 = time.perf_counter()
-    first = run()
-    first_s = time.perf_counter() - t0
-    times = []
-    for _ in range(2):
+    runs = []
+    for rows in sizes.gen_rows:
+        prompts = [rng.integers(0, config.vocab_size, sizes.gen_prompt).tolist() for _ in range(rows)]
+        pert = _perturbation("lowrank", 1, *_members(rows, 1), 1)
+        call = functools.partial(generate, config, params, prompts, pert, stop_token_ids=[])
+        out, first_s, total_s = _timed(functools.partial(call, max_new_tokens=sizes.gen_new))
+        _, _, prefill_s = _timed(functools.partial(call, max_new_tokens=1))
+        new_tokens = sum(len(x) for x in out)
+        assert new_tokens == rows * sizes.gen_new, new_tokens
+        steps = sizes.gen_new - 1  # the first new token comes from the prefill
+        decode_s = max(total_s - prefill_s, 1e-9)
+        step_bytes = param_bytes + rows * kv_per_token * (sizes.gen_prompt + sizes.gen_new / 2)
+        roofline = rows / (step_bytes / bandwidth)  # new tokens/s if a decode step only read what it must
+        runs.append({"rows": rows, "first_call_s": first_s, "median_s": total_s, "prefill_s": prefill_s,
+                     "new_tokens_per_s": new_tokens / total_s, "decode_tokens_per_s": rows * steps / decode_s,
+                     "decode_step_ms": 1e3 * decode_s / steps, "roofline_step_ms": 1e3 * step_bytes / bandwidth,
+                     "roofline_tokens_per_s": roofline, "of_roofline": rows * steps / decode_s / roofline})
+    return {"prompt": sizes.gen_prompt, "new_tokens_per_row": sizes.gen_new, "param_bytes": param_bytes,
+            "copy_bandwidth_bytes_per_s": bandwidth, "runs": runs, "memory": _memory()}
+
+
+def section_paper(sizes: Sizes) -> dict[str, Any]:
+    """One ES update of the paper's config on a random model of its shape, through the trainer, in this process
+    (so the device's peak memory is the run's)."""
+    import json as _json
+
+    from esjax.config import load_config
+    from esjax.model.config import to_hf_dict
+    from esjax.rundir.metrics import read_metrics
+    from esjax.train.session import train
+
+    overrides = ["model.source=random", "env.data=webshop_small", "run.updates=1", "run.eval_every=1000",
+                 "run.checkpoint_every=1000", "run.progress=false", "run.plots=false", "env.tasks_per_member=1",
+                 "env.eval_goals=1", "env.max_steps=4"]
+    if sizes.paper_model != "tiny":
+        config = _model_config(dataclasses.replace(sizes, model=sizes.paper_model))
+        overrides.append(f"model.random_config={_json.dumps(to_hf_dict(config))}")
+    with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        out = run()
-        times.append(time.perf_counter() - t0)
-    new_tokens = sum(len(x) for x in out)
-    assert new_tokens == sum(len(x) for x in first) == sizes.gen_rows * sizes.gen_new, new_tokens
-    med = statistics.median(times)
-    return {"rows": sizes.gen_rows, "prompt": sizes.gen_prompt, "new_tokens_per_row": sizes.gen_new,
-            "first_call_s": first_s, "median_s": med, "new_tokens_per_s": new_tokens / med, "memory": _memory()}
+        result = train(load_config(ROOT / sizes.paper_config, overrides), Path(tmp) / "run")
+        seconds = time.perf_counter() - t0
+        records = read_metrics(Path(tmp) / "run" / "metrics.jsonl")
+    update = next(r for r in records if r["kind"] == "update")
+    return {"config": sizes.paper_config, "model": sizes.paper_model, "overrides": overrides[:-1]
+            if sizes.paper_model != "tiny" else overrides, "updates": result.version, "run_seconds": seconds,
+            "update_seconds": update["seconds"], "episodes_per_s": update["episodes_per_s"],
+            "tokens_per_s": update["tokens_per_s"], "memory": _memory()}
 
 
 def section_rollout(sizes: Sizes) -> dict[str, Any]:
@@ -554,7 +637,7 @@ def section_rollout(sizes: Sizes) -> dict[str, Any]:
         out = Path(tmp) / "rollout.json"
         cmd = [sys.executable, str(BENCH / "rollout.py"), "--json", str(out)]
         cmd += (["--quick", "--config", str(ROOT / "configs" / "synthetic.yaml")] if sizes.model == "tiny"
-                else ["--model", "30m", "--updates", "1", "--repeats", "3", "--set", "env.eval_goals=50"])
+                else ["--model", "0.5b", "--updates", "1", "--repeats", "3", "--set", "env.eval_goals=50"])
         # its progress lines pass through to this section's stderr (kept when the section times out)
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT, check=False)
         if proc.returncode != 0:
@@ -732,9 +815,23 @@ def markdown(record: dict[str, Any]) -> str:
             lines.append(f"| {name} | {_gib(r['planned_bytes'])} | {_gib(r['measured_peak_bytes'])} | {ratio} |")
     g = s.get("generation", {})
     if g.get("status") == "ok":
-        lines.append(f"\nGeneration (greedy, low-rank r=1 members, {g['rows']} rows, {g['prompt']}-token prompts, "
-                     f"{g['new_tokens_per_row']} new tokens each): {g['new_tokens_per_s']:,.0f} new tokens/s "
-                     f"(first call incl. compile {g['first_call_s']:.1f} s).")
+        lines += ["", f"Generation (greedy, low-rank r=1 members, {g['prompt']}-token prompts, "
+                  f"{g['new_tokens_per_row']} new tokens each; device copy bandwidth "
+                  f"{g['copy_bandwidth_bytes_per_s'] / 1e9:,.0f} GB/s; roofline: the weights "
+                  f"({_gib(g['param_bytes'])} GiB) and each row's live KV cache read once per decode step):", "",
+                  "| rows | new tokens/s (incl. prefill) | decode tokens/s | decode step ms | roofline step ms | "
+                  "of roofline | first call s |", "|---|---|---|---|---|---|---|"]
+        for r in g["runs"]:
+            lines.append(f"| {r['rows']} | {r['new_tokens_per_s']:,.0f} | {r['decode_tokens_per_s']:,.0f} | "
+                         f"{r['decode_step_ms']:.2f} | {r['roofline_step_ms']:.2f} | **{r['of_roofline']:.2f}** | "
+                         f"{r['first_call_s']:.1f} |")
+    pa = s.get("paper", {})
+    if pa.get("status") == "ok":
+        lines.append(f"\nThe paper's config (`{pa['config']}`, a random {pa['model']}-shaped model; "
+                     f"{' '.join(pa['overrides'])}): {pa['updates']} update in {pa['run_seconds']:.0f} s (the "
+                     f"update's own record: {pa['update_seconds']:.0f} s, {pa['episodes_per_s']:.2f} episodes/s, "
+                     f"{pa['tokens_per_s']:,.0f} tokens/s); peak device memory "
+                     f"{_gib(pa['memory'].get('peak_bytes_in_use'))} GiB.")
     ro = s.get("rollout", {})
     if ro.get("status") == "ok":
         lines.append(f"\nRollout loop (`{ro['command']}`): {ro['env_steps_per_s']:.0f} env steps/s, "

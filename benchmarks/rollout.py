@@ -66,6 +66,12 @@ MODEL_30M = {"model_type": "qwen2", "vocab_size": 4096, "hidden_size": 512, "int
              "max_position_embeddings": 2048, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
              "tie_word_embeddings": True, "hidden_act": "silu", "eos_token_id": 1, "pad_token_id": 0}
 
+#: Qwen2.5-0.5B's shape (random weights), issue 33's reference model for the loop on an accelerator.
+MODEL_05B = {"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
+             "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+             "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+             "tie_word_embeddings": True, "hidden_act": "silu", "eos_token_id": 151643, "pad_token_id": 151643}
+
 TINY = ["model.source=random", "es.population=4", "schedule.slots=4", "env.tasks_per_member=2", "env.eval_goals=4",
         "env.max_steps=4"]
 
@@ -459,8 +465,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "configs" / "default.yaml"))
     ap.add_argument("--updates", type=int, default=3)
-    ap.add_argument("--model", choices=["config", "30m"], default="config",
-                    help="30m: replace the config's policy by a ~30M-parameter random Qwen2-shaped model")
+    ap.add_argument("--model", choices=["config", "30m", "0.5b"], default="config",
+                    help="30m / 0.5b: replace the config's policy by a ~30M-parameter or a Qwen2.5-0.5B-shaped "
+                         "random model")
     ap.add_argument("--set", action="append", default=[], help="extra config overrides (key=value)")
     ap.add_argument("--repeats", type=int, default=5, help="timed repeats of each bare program")
     ap.add_argument("--quick", action="store_true", help="tiny random model, 1 update (a smoke test)")
@@ -474,8 +481,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     overrides = [f"run.updates={args.updates}", "run.progress=false", "run.eval_every=1000",
                  "run.checkpoint_every=1000"]
-    if args.model == "30m":
-        overrides += ["model.source=random", f"model.random_config={json.dumps(MODEL_30M)}"]
+    if args.model != "config":
+        shape = MODEL_30M if args.model == "30m" else MODEL_05B
+        overrides += ["model.source=random", f"model.random_config={json.dumps(shape)}"]
     if args.quick:
         overrides = [o for o in overrides if not o.startswith("run.updates")] + ["run.updates=1"] + TINY
         args.repeats = 1

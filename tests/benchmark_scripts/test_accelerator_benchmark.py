@@ -50,7 +50,11 @@ def test_tiny_run_passes_on_cpu(tmp_path):
     assert s["update_full"]["dims"] == s["forward"]["params"]
     for name in ("plan_rollout", "plan_update_full", "plan_update_lowrank"):
         assert s[name]["planned_bytes"] > 0  # measured is None on CPU (no device memory_stats)
-    assert s["generation"]["new_tokens_per_s"] > 0
+    runs = s["generation"]["runs"]
+    assert [r["rows"] for r in runs] == list(module.TINY.gen_rows)
+    assert all(r["new_tokens_per_s"] > 0 and r["decode_tokens_per_s"] > 0 and r["of_roofline"] > 0 for r in runs)
+    assert s["generation"]["copy_bandwidth_bytes_per_s"] > 0
+    assert s["paper"]["updates"] == 1 and s["paper"]["update_seconds"] > 0  # the paper's config runs an update
     text = md.read_text()
     assert "old text" not in text and "keep me" in text and "## Later\n\nkeep too" in text
     assert text.count("## Accelerator") == 1 and "1 x cpu" in text and "smoke check" in text
