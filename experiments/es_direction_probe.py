@@ -31,7 +31,10 @@ if str(ROOT) not in sys.path:
 
 #: The scopes tried (``Scope`` kind and include patterns, as in a config's ``es.scope`` / ``es.include``).
 SCOPES = {"kernels": ("matrices", (r"/kernel$",)), "norms": ("all", (r"norm/scale$",)),
-          "mlp": ("matrices", (r"mlp.*kernel$",)), "attention": ("matrices", (r"attn.*kernel$",))}
+          "mlp": ("matrices", (r"mlp.*kernel$",)), "attention": ("matrices", (r"attn.*kernel$",)),
+          # the tied embedding is also the output head: its rank-1 noise shifts each token's logit by
+          # σ a_token (h · b), a per-token preference that may act alike on every goal
+          "embedding": ("all", (r"embed/embedding$",)), "final-norm": ("all", (r"final_norm/scale$",))}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
