@@ -240,8 +240,7 @@ class Lane:
         k_new, v_new, first = _prefill(self.config, self.sampling, params, prepared, tokens, mask, lo, hi, counts,
                                        greedy)
         rows = pad((r for r, _, _ in entries), self.rows, np.int32)  # out of range: dropped
-        cur = jnp.asarray(self._vector("cur", np.int32))
-        self.cache, self._cur = _insert(self.cache, k_new, v_new, mask, rows, cur, first)
+        self.cache, self._cur = _insert(self.cache, k_new, v_new, mask, rows, self._vectors()["cur"], first)
         for r, ids, state in entries:
             state.start = self.index - len(ids)
             state.pos = len(ids)
@@ -249,11 +248,16 @@ class Lane:
             self.states[r] = state
         return first[:n]
 
-    def _vector(self, name: str, dtype: Any, fill: Any = 0) -> np.ndarray:
-        out = np.full((self.rows,), fill, dtype)
+    def _vectors(self) -> dict[str, np.ndarray]:
+        """Every live row's state as per-lane-row host arrays (rows not live: 0, greedy True), in one pass; the
+        jitted programs copy them to the device."""
+        rows = self.rows
+        cur, pos, count = np.zeros(rows, np.int32), np.zeros(rows, np.int32), np.zeros(rows, np.int32)
+        lo, hi, greedy = np.zeros(rows, np.uint32), np.zeros(rows, np.uint32), np.ones(rows, bool)
         for r, state in self.states.items():
-            out[r] = getattr(state, name)
-        return out
+            cur[r], pos[r], count[r] = state.cur, state.pos, state.count
+            lo[r], hi[r], greedy[r] = state.lo, state.hi, state.greedy
+        return {"cur": cur, "pos": pos, "count": count, "lo": lo, "hi": hi, "greedy": greedy}
 
     def decode(self, params: Any, noise, sigma: float, steps: int, prefilled: bool) -> jax.Array:
         """``steps`` decode steps for every live row; returns the tokens ``[rows, steps]`` (device, not yet read).
@@ -266,11 +270,10 @@ class Lane:
         if members != self._prepared_key:
             self._prepared = self._perturbation(noise, sigma, params, members)
             self._prepared_key = members
-        cur = self._cur if prefilled else jnp.asarray(self._vector("cur", np.int32))
-        self.cache, out = _decode(self.config, self.sampling, params, self._prepared, self.cache, cur,
-                                  self._vector("pos", np.int32), self._vector("count", np.int32), active,
-                                  self._vector("greedy", bool, True), self._vector("lo", np.uint32),
-                                  self._vector("hi", np.uint32), steps=steps)
+        v = self._vectors()
+        cur = self._cur if prefilled else v["cur"]
+        self.cache, out = _decode(self.config, self.sampling, params, self._prepared, self.cache, cur, v["pos"],
+                                  v["count"], active, v["greedy"], v["lo"], v["hi"], steps=steps)
         self.index += steps
         for state in self.states.values():
             state.pos += steps

@@ -42,6 +42,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
 from typing import Any
 
+import numpy as np
+
 from esjax.agent.buckets import next_power_of_two
 from esjax.agent.lanes import PREFILL_BUCKETS, Lane, RowState, Sampling, split_seed
 from esjax.es.noise import NoiseSpec
@@ -121,6 +123,7 @@ class GenerateEngine(RolloutEngine):
         longest_prefill = PREFILL_BUCKETS.length(max_prompt_tokens + max_new_tokens)
         self.lane_length = longest_prefill + 2 * (max_new_tokens + decode_steps)
         self.lanes: dict[int, Lane] = {}
+        self._special_ids = np.array(sorted(agent.stop_token_ids | agent.closing_ids), np.int64)
         self.lane_row: dict[int, tuple[int, int]] = {}  # env row -> (version, lane row)
         self.live: dict[int, GenEpisode] = {}
 
@@ -239,9 +242,17 @@ class GenerateEngine(RolloutEngine):
                     episode.needs_prefill = False
                     self._take(episode, [int(first_h[i])])
                 lane_ended = []
+                rows_tokens = out_h.tolist()
+                plain = ~np.isin(out_h, self._special_ids).any(axis=1)  # no token that can end a turn
                 for episode in group:
                     slot = self.lane_row[episode.row][1]
-                    stats.useful_steps += self._take(episode, [int(t) for t in out_h[slot]])
+                    tokens = rows_tokens[slot]
+                    if plain[slot] and len(episode.tokens) + steps < self.max_new_tokens \
+                            and not self._turn_over(episode):  # the turn goes on: what _take would do, at once
+                        episode.tokens.extend(tokens)
+                        stats.useful_steps += steps
+                    else:
+                        stats.useful_steps += self._take(episode, tokens)
                     if self._turn_over(episode):
                         lane_ended.append(episode)
                     else:

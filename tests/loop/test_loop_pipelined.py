@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import same_bits, theta_moved
 from run_settings import embedded
@@ -20,6 +21,11 @@ from esjax.rundir.metrics import untimed
 from esjax.train.session import train
 
 REPO = Path(__file__).resolve().parents[2]
+GENERATE = REPO / "configs" / "generate.yaml"
+#: generate.yaml's policy in a few small updates, evaluations between: several versions' lanes in a tick
+GENERATE_SMALL = ["run.updates=3", "run.eval_every=1", "run.checkpoint_every=1", "run.progress=false",
+                  "run.plots=false", "es.population=4", "schedule.slots=4", "env.tasks_per_member=2",
+                  "env.eval_goals=2", "env.max_steps=6", "agent.decode_steps=2"]
 
 
 def _run(tmp_path, monkeypatch, name: str, pipelined: bool, config_path=None, overrides=None):
@@ -41,18 +47,18 @@ def _run(tmp_path, monkeypatch, name: str, pipelined: bool, config_path=None, ov
     return result, steps
 
 
-def _assert_same_run(tmp_path, serial, pipelined) -> None:
+def _assert_same_run(serial, pipelined) -> None:
     assert theta_moved(serial.records) and same_bits(serial.params, pipelined.params)
     assert untimed(serial.records) == untimed(pipelined.records)
-    for trace in sorted((tmp_path / "serial" / "traces").iterdir()):
-        assert trace.read_bytes() == (tmp_path / "pipelined" / "traces" / trace.name).read_bytes()
+    for trace in sorted((serial.run_dir / "traces").iterdir()):
+        assert trace.read_bytes() == (pipelined.run_dir / "traces" / trace.name).read_bytes()
 
 
 @pytest.mark.slow
 def test_pipelined_and_serial_ticks_record_the_same_run(tmp_path, monkeypatch):
     serial, serial_steps = _run(tmp_path, monkeypatch, "serial", pipelined=False)
     pipelined, pipelined_steps = _run(tmp_path, monkeypatch, "pipelined", pipelined=True)
-    _assert_same_run(tmp_path, serial, pipelined)
+    _assert_same_run(serial, pipelined)
     # the same env steps, split over more pool calls
     assert sum(serial_steps) == sum(pipelined_steps) and len(pipelined_steps) > len(serial_steps)
 
@@ -61,11 +67,23 @@ def test_pipelined_and_serial_ticks_record_the_same_run(tmp_path, monkeypatch):
 def test_pipelined_and_serial_generate_ticks_record_the_same_run(tmp_path, monkeypatch):
     """configs/generate.yaml's policy, natural asynchrony with evaluations between: several versions' lanes in a
     tick, so the pipelined tick steps each lane's ended turns while it reads the next lane."""
-    small = ["run.updates=3", "run.eval_every=1", "run.checkpoint_every=1", "run.progress=false",
-             "run.plots=false", "es.population=4", "schedule.slots=4", "env.tasks_per_member=2", "env.eval_goals=2",
-             "env.max_steps=6", "agent.decode_steps=2"]
-    config = REPO / "configs" / "generate.yaml"
-    serial, serial_steps = _run(tmp_path, monkeypatch, "serial", False, config, small)
-    pipelined, pipelined_steps = _run(tmp_path, monkeypatch, "pipelined", True, config, small)
-    _assert_same_run(tmp_path, serial, pipelined)
+    serial, serial_steps = _run(tmp_path, monkeypatch, "serial", False, GENERATE, GENERATE_SMALL)
+    pipelined, pipelined_steps = _run(tmp_path, monkeypatch, "pipelined", True, GENERATE, GENERATE_SMALL)
+    _assert_same_run(serial, pipelined)
     assert sum(serial_steps) == sum(pipelined_steps) and len(pipelined_steps) > len(serial_steps)
+
+
+@pytest.mark.slow
+def test_generate_turns_go_on_alike_without_the_fast_path(tmp_path, monkeypatch):
+    """A lane row whose new tokens cannot end its turn takes them at once; with every token counted as one that
+    can end a turn, each row takes its tokens one by one (the general path): the same run."""
+    fast, _ = _run(tmp_path, monkeypatch, "fast", True, GENERATE, GENERATE_SMALL)
+    init = GenerateEngine.__init__
+
+    def every_token_may_end_a_turn(engine, *args, **kwargs):
+        init(engine, *args, **kwargs)
+        engine._special_ids = np.arange(engine.model_config.vocab_size)
+
+    monkeypatch.setattr(GenerateEngine, "__init__", every_token_may_end_a_turn)
+    general, _ = _run(tmp_path, monkeypatch, "general", True, GENERATE, GENERATE_SMALL)
+    _assert_same_run(fast, general)
