@@ -205,12 +205,13 @@ class GenerateEngine(RolloutEngine):
             params = params_at(version)
             lane = self._lane(version, params["embed"]["embedding"].dtype, len(group))
             t0 = time.perf_counter()
-            entries, starting = [], []
+            entries, starting, taken = [], [], set()
             for episode in group:
                 if not episode.needs_prefill:
                     continue
                 self._release(episode.row)
-                slot = lane.free_row({e[0] for e in entries})
+                slot = lane.free_row(taken)
+                taken.add(slot)
                 self.lane_row[episode.row] = (version, slot)
                 ids = self._prompt(episode)
                 episode.prompt_len = len(ids)
