@@ -262,7 +262,7 @@ class GenerateEngine(RolloutEngine):
                 ended += lane_ended
                 turns += self._end_turns(lane_ended, stats)
                 if self.pipelined and turns:  # a lane's episodes are its own: the worker and this thread share none
-                    stepping.append(self._host_worker().submit(self._step_turns, turns, worker_stats, True))
+                    stepping.append(self._submit(self._step_turns, turns, worker_stats, True))
                     turns = []
         finally:  # nothing of this tick still runs when it returns or raises
             wait(stepping)

@@ -17,6 +17,8 @@ class EnvPool(Protocol):
 
     The WebShop bridge's ``EnvPool`` (in-process) and ``ProcessEnvPool`` (worker processes) and
     ``esjax.parallel.envpool_ray.RayEnvPool`` (Ray actors) implement it; every answer is in the order of the rows asked.
+    A pool whose calls are collectives of a multi-process job (``esjax.parallel.envrows.ProcessRowsPool``) says so
+    with a true ``collective`` attribute: the rollout engine then calls it only from its own thread.
     """
 
     def __len__(self) -> int: ...

@@ -170,11 +170,13 @@ class RolloutEngine:
         that raises fails its episode either way; failed episodes come back from :meth:`tick` with
         ``failure`` set and ``reward`` 0.
       pipelined: overlap host work with the device inside a tick: the rows of each policy call are stepped in
-        the env and their next prompts built as soon as that call's scores are read, on a host worker thread,
-        while the loop's thread reads the later calls (rows with a single candidate step before any score is
-        read). Every episode sees the same calls, actions and env steps as in the serial tick (False: one env
-        step of all rows after every call is read, on the loop's thread), so runs are identical either way;
-        only the number of ``pool.step`` calls per tick grows.
+        the env and their next prompts built as soon as that call's scores are read, on a host worker thread
+        (on the loop's own thread if the pool's ``collective`` attribute is true: its calls are collectives of a
+        multi-process job, to be made in one order with the loop's), while the loop's thread reads the later
+        calls (rows with a single candidate step before any score is read). Every episode sees the same calls,
+        actions and env steps as in the serial tick (False: one env step of all rows after every call is read,
+        on the loop's thread), so runs are identical either way; only the number of ``pool.step`` calls per tick
+        grows.
     """
 
     def __init__(self, pool: EnvPool, agent: ScoringAgent, model_config: ModelConfig, noise: NoiseSpec,
@@ -198,6 +200,9 @@ class RolloutEngine:
         self.live: dict[int, Episode] = {}
         self._next_inputs: dict[int, tuple[Episode, tuple]] = {}  # row -> (episode, its next step's inputs)
         self._worker: ThreadPoolExecutor | None = None  # env steps and next prompts of a pipelined tick
+        # A pool whose calls are collectives (env rows split over a multi-process job) must be called from the
+        # loop's thread, in the loop's order with its other collectives: its steps stay inline there.
+        self._offload = pipelined and not getattr(pool, "collective", False)
 
     # ------------------------------------------------------------------------------------------- episodes
     @property
@@ -329,7 +334,7 @@ class RolloutEngine:
                 stats.model_s += time.perf_counter() - t0
                 acted += self._take_actions(group, inputs, choice)
                 if self.pipelined and acted:  # a batch's episodes are its own: the worker and this thread share none
-                    stepping.append(self._host_worker().submit(self._step_env, acted, worker_stats, True))
+                    stepping.append(self._submit(self._step_env, acted, worker_stats, True))
                     acted = []
         finally:  # nothing of this tick still runs when it returns or raises
             wait(stepping)
@@ -343,13 +348,19 @@ class RolloutEngine:
             self._retire_if_over(episode, finished)
         return finished, stats
 
-    def _host_worker(self) -> ThreadPoolExecutor:
-        """The thread that steps the env and builds next prompts in a pipelined tick (one: the pool's steps stay
-        in order, and the GIL would serialise more anyway); it ends with the engine."""
+    def _submit(self, fn: Callable[..., None], *args: Any) -> Future:
+        """``fn(*args)`` on the host worker thread, the one that steps the env and builds next prompts in a
+        pipelined tick (one: the pool's steps stay in order, and the GIL would serialise more anyway; it ends with
+        the engine); inline, as a finished future, when the pool's calls are collectives."""
+        if not self._offload:
+            done: Future = Future()
+            fn(*args)
+            done.set_result(None)
+            return done
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="esjax-rollout-host")
             weakref.finalize(self, self._worker.shutdown, wait=False)
-        return self._worker
+        return self._worker.submit(fn, *args)
 
     def _inputs(self, episode: Episode) -> tuple:
         """The episode's step inputs: built early by a pipelined tick, or now."""

@@ -32,6 +32,10 @@ class ProcessRowsPool:
     the same arguments (the replicated loop does), and every process gets every row's answer.
     """
 
+    #: Every call is a collective: a rollout engine makes them from its own thread, in the order of its other
+    #: collectives (reading sharded scores), never from a helper thread beside them.
+    collective = True
+
     def __init__(self, n: int, make_local: Callable[[int], EnvPool], process_index: int, processes: int):
         if not 0 <= process_index < processes:
             raise ValueError(f"process_index {process_index} is not in [0, {processes})")

@@ -87,3 +87,27 @@ def test_generate_turns_go_on_alike_without_the_fast_path(tmp_path, monkeypatch)
     monkeypatch.setattr(GenerateEngine, "__init__", every_token_may_end_a_turn)
     general, _ = _run(tmp_path, monkeypatch, "general", True, GENERATE, GENERATE_SMALL)
     _assert_same_run(fast, general)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("collective", [False, True])
+def test_a_collective_pool_is_stepped_on_the_loops_own_thread(tmp_path, monkeypatch, collective):
+    """A multi-process job's env pool is a collective (``ProcessRowsPool.collective``): stepped from the host worker
+    beside the loop's own collectives (reading sharded scores), the processes could call them in different orders
+    and hang. Such a pool is stepped on the loop's thread; any other on the host worker."""
+    import threading
+
+    from envs.webshop_bridge.pool import InProcessEnvPool
+
+    threads = set()
+    step = InProcessEnvPool.step
+
+    def recorded(pool, actions, timeout=None):
+        threads.add(threading.current_thread() is threading.main_thread())
+        return step(pool, actions, timeout)
+
+    monkeypatch.setattr(InProcessEnvPool, "step", recorded)
+    monkeypatch.setattr(InProcessEnvPool, "collective", collective, raising=False)
+    config = load_config(None, embedded(run__updates=1, es__population=8, schedule__slots=8, env__eval_goals=2))
+    train(config, run_dir=tmp_path / "run")
+    assert threads == {collective}  # True: every step on the main (loop) thread; False: every one on the worker
