@@ -351,15 +351,13 @@ def measure_simulated_generate(config_path: str, overrides: list[str], milliseco
 def report_simulated_generate(r: dict[str, Any]) -> str:
     parts = ", ".join(f"{k} {v:.1f}" for k, v in r["host_wall_s_by_part"].items())
     return "\n".join([
-        f"{r['config']} {' '.join(r['overrides'])}",
-        f"  machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, load {r['machine']['loadavg']}",
+        *_simulated_head(r),
         f"  generate mode, {'pipelined' if r['pipelined'] else 'serial'} tick, simulated device: "
         f"{r['simulated_ms_per_row']} ms per prefilled row, "
         f"{r['simulated_ms_per_decode_step']} ms per decode step; every reply {r['reply']!r}",
         f"  {r['decode_calls']} decode calls ({r['decode_steps']} lane steps), {r['prefill_rows']} prefilled rows, "
         f"{r['env_steps']} env steps",
-        f"  loop vs simulated-device floor: {r['loop_vs_floor']:.2f} (device busy {r['device_busy_seconds']:.1f} s "
-        f"of {r['loop_seconds']:.1f} s; the loop waited for it {r['waited_seconds']:.1f} s)",
+        _simulated_floor(r),
         f"  CPU of the loop's own thread: {r['loop_thread_us_per_decode_call']:.0f} µs per decode call, "
         f"{r['loop_thread_us_per_decode_step']:.0f} µs per decode step (process, all threads: "
         f"{r['host_us_per_decode_step']:.0f} µs per decode step)",
@@ -372,18 +370,26 @@ def report_simulated_generate(r: dict[str, Any]) -> str:
 def report_simulated(r: dict[str, Any]) -> str:
     parts = ", ".join(f"{k} {v:.0f}" for k, v in r["host_wall_us_per_env_step_by_part"].items())
     return "\n".join([
-        f"{r['config']} {' '.join(r['overrides'])}",
-        f"  machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, load {r['machine']['loadavg']}",
+        *_simulated_head(r),
         f"  {'pipelined' if r['pipelined'] else 'serial'} tick, simulated device: {r['simulated_ms_per_row']} ms "
         f"per padded row; {r['calls']} calls, "
         f"{r['padded_rows']} padded rows for {r['env_steps']} env steps",
-        f"  loop vs simulated-device floor: {r['loop_vs_floor']:.2f} (device busy {r['device_busy_seconds']:.1f} s "
-        f"of {r['loop_seconds']:.1f} s; the loop waited for it {r['waited_seconds']:.1f} s)",
+        _simulated_floor(r),
         f"  host CPU per env step: {r['host_us_per_env_step']:.0f} µs (process CPU time of the loop, all threads), "
         f"of which the loop's own thread {r['loop_thread_us_per_env_step']:.0f} µs (the rest: env-step thread or "
         f"workers, XLA's threads for updates and evaluations' bookkeeping)",
         f"  host wall per env step by part (µs, device waits excluded): {parts}",
     ])
+
+
+def _simulated_head(r: dict[str, Any]) -> list[str]:
+    return [f"{r['config']} {' '.join(r['overrides'])}",
+            f"  machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, load {r['machine']['loadavg']}"]
+
+
+def _simulated_floor(r: dict[str, Any]) -> str:
+    return (f"  loop vs simulated-device floor: {r['loop_vs_floor']:.2f} (device busy {r['device_busy_seconds']:.1f} s "
+            f"of {r['loop_seconds']:.1f} s; the loop waited for it {r['waited_seconds']:.1f} s)")
 
 
 def run_config(config_path: str, overrides: list[str]) -> Any:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, wait
 from typing import Any
 
 import numpy as np
@@ -232,9 +231,7 @@ class GenerateEngine(RolloutEngine):
 
         ended: list[GenEpisode] = []
         turns: list[tuple[GenEpisode, str, str]] = []  # (episode, reply, action) of the turns not yet stepped
-        stepping: list[Future] = []
-        worker_stats = GenTickStats()  # written by the worker only, added to the tick's once it has finished
-        try:
+        with self._host_jobs(stats) as jobs:
             for lane, group, starting, first, out in pending:
                 t0 = time.perf_counter()
                 first_h = None if first is None else to_host(first)
@@ -262,14 +259,8 @@ class GenerateEngine(RolloutEngine):
                 ended += lane_ended
                 turns += self._end_turns(lane_ended, stats)
                 if self.pipelined and turns:  # a lane's episodes are its own: the worker and this thread share none
-                    stepping.append(self._submit(self._step_turns, turns, worker_stats, True))
+                    jobs.submit(self._step_turns, turns, jobs.stats, True)
                     turns = []
-        finally:  # nothing of this tick still runs when it returns or raises
-            wait(stepping)
-        for future in stepping:  # an env-pool error raises here, as in the serial tick
-            future.result()
-        worker_stats.worker_s = worker_stats.prepare_s + worker_stats.env_s
-        stats.add(worker_stats)
         self._step_turns(turns, stats, prepare_next=False)
         stats.model_rows = sum(len(g) for _, g, _, _, _ in pending)
         finished: list[Episode] = []

@@ -71,6 +71,37 @@ def call_sizes(n: int, row_buckets: Sequence[int], most: int = MAX_CALL_ROWS) ->
     return out
 
 
+class _HostJobs:
+    """One tick's jobs on the host worker (``worker``; None: run each at once, inline). Used as a context: leaving
+    it waits for every job, also when the tick raises (nothing of a tick runs after it), then raises a job's error
+    (an env-pool error, as in the serial tick) and adds the jobs' ``stats`` (their own, written by the worker only)
+    to the tick's, counting their time as ``worker_s``."""
+
+    def __init__(self, worker: ThreadPoolExecutor | None, tick_stats: TickStats):
+        self.worker, self.tick_stats = worker, tick_stats
+        self.stats = type(tick_stats)()
+        self.futures: list[Future] = []
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        if self.worker is None:
+            fn(*args)
+        else:
+            self.futures.append(self.worker.submit(fn, *args))
+
+    def __enter__(self) -> _HostJobs:
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        wait(self.futures)
+        if kind is not None:
+            return
+        for future in self.futures:
+            future.result()
+        if self.worker is not None:
+            self.stats.worker_s = self.stats.prepare_s + self.stats.env_s
+        self.tick_stats.add(self.stats)
+
+
 def sample_index(probs: np.ndarray, seed: int) -> int:
     """``np.random.default_rng(seed).choice(len(probs), p=probs)``, the same index (a test holds them equal), without
     ``choice``'s argument checks: ~15 instead of ~22 µs, once per sampled row of every policy call."""
@@ -323,9 +354,7 @@ class RolloutEngine:
         batches: list[tuple[list[Episode], Any]] = [([e for e in waiting if e.row not in called], None)]
         batches += pending
         acted: list[tuple[Episode, str]] = []
-        stepping: list[Future] = []
-        worker_stats = TickStats()  # written by the worker only, added to the tick's once it has finished
-        try:
+        with self._host_jobs(stats) as jobs:
             for group, call in batches:
                 t0 = time.perf_counter()
                 choice = {e.row: 0 for e in group} if call is None else {
@@ -334,33 +363,22 @@ class RolloutEngine:
                 stats.model_s += time.perf_counter() - t0
                 acted += self._take_actions(group, inputs, choice)
                 if self.pipelined and acted:  # a batch's episodes are its own: the worker and this thread share none
-                    stepping.append(self._submit(self._step_env, acted, worker_stats, True))
+                    jobs.submit(self._step_env, acted, jobs.stats, True)
                     acted = []
-        finally:  # nothing of this tick still runs when it returns or raises
-            wait(stepping)
-        for future in stepping:  # an env-pool error raises here, as in the serial tick
-            future.result()
-        worker_stats.worker_s = worker_stats.prepare_s + worker_stats.env_s
-        stats.add(worker_stats)
         self._step_env(acted, stats, prepare_next=False)
         finished = []
         for episode in waiting:
             self._retire_if_over(episode, finished)
         return finished, stats
 
-    def _submit(self, fn: Callable[..., None], *args: Any) -> Future:
-        """``fn(*args)`` on the host worker thread, the one that steps the env and builds next prompts in a
+    def _host_jobs(self, stats: TickStats) -> _HostJobs:
+        """A tick's jobs for the host worker thread, the one that steps the env and builds next prompts in a
         pipelined tick (one: the pool's steps stay in order, and the GIL would serialise more anyway; it ends with
-        the engine); inline, as a finished future, when the pool's calls are collectives."""
-        if not self._offload:
-            done: Future = Future()
-            fn(*args)
-            done.set_result(None)
-            return done
-        if self._worker is None:
+        the engine); run inline when the pool's calls are collectives."""
+        if self._offload and self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="esjax-rollout-host")
             weakref.finalize(self, self._worker.shutdown, wait=False)
-        return self._worker.submit(fn, *args)
+        return _HostJobs(self._worker if self._offload else None, stats)
 
     def _inputs(self, episode: Episode) -> tuple:
         """The episode's step inputs: built early by a pipelined tick, or now."""
