@@ -1,13 +1,11 @@
 """The generative policy's recipe (experiments/pretrain_generate_policy.py, issue 36): the teacher's steps are
 recorded exactly as generate mode renders them, and the quick mode is deterministic."""
 
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from experiments import pretrain_generate_policy as recipe
 
-from experiments import pretrain_generate_policy as recipe  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_demonstrations_are_generate_mode_prompts_and_written_actions():

@@ -2,13 +2,8 @@
 its wall time and peak RSS, and the report's per-seed row is built from those records alone."""
 
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from experiments import generate_seeds  # noqa: E402
+from experiments import generate_seeds
 
 SMALL = ("run.updates=2", "run.eval_every=1", "es.population=4", "schedule.slots=4", "env.tasks_per_member=2",
          "env.eval_goals=3", "env.max_steps=5")

@@ -1,15 +1,13 @@
 """The staleness study's pre-registration, checked from git history (experiments/protocol_check.py)."""
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from experiments import protocol_check, protocol_power, staleness_grid
 
-from experiments import protocol_check  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _shallow(repo: Path) -> bool:
@@ -52,9 +50,6 @@ def test_records_after_the_protocol_pass_and_no_protocol_fails(tmp_path):
 
 
 # ------------------------------------------------------------------ the margin and n, computed by the protocol's rule
-from experiments import protocol_power, staleness_grid  # noqa: E402
-
-
 def test_margin_and_n_follow_from_the_committed_main_job_runs():
     """issue 31's frozen main job (seeds 0-7, committed) sets the study's margin and n: G 9.66 -> m 3.3, n 24."""
     power = protocol_power.protocol_power()

@@ -2,15 +2,11 @@
 records, and blind to effects until a family is complete (the protocol allows no interim look)."""
 
 import json
-import sys
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from experiments import protocol_power, study_report  # noqa: E402
+from experiments import protocol_power, study_report
 
 SEEDS = list(range(100, 108))
 POWER = protocol_power.Power(gain=10.0, final_sd=2.0, final_sd_upper=2.7, sigma_d=3.8, margin=3.0, n=8,

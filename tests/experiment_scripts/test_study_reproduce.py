@@ -2,13 +2,8 @@
 traces (experiments/study_reproduce.py), on a tiny random-weights grid run."""
 
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from experiments import staleness_grid, study_reproduce  # noqa: E402
+from experiments import staleness_grid, study_reproduce
 
 TINY = ["model.source=random", "env.num_products=30", "env.eval_goals=2", "run.updates=2", "run.eval_every=1",
         "es.population=4", "schedule.slots=4", "env.tasks_per_member=1"]
