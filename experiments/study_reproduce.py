@@ -6,7 +6,9 @@ out, and the evaluation traces byte for byte. The result goes to
 ``experiments/results/study/reproducibility.json``, which ``study_report.py`` prints.
 
     python experiments/study_reproduce.py                       # the protocol's check: seeds 100-103 of sync, async-G4
+    python experiments/study_reproduce.py --jobs 2              # the same, the runs split over two processes
     python experiments/study_reproduce.py --cells sync --seeds 100 --out /tmp/check.json
+    python experiments/study_reproduce.py --merge a.json b.json # one result from parts made at one commit
 """
 
 from __future__ import annotations
@@ -75,25 +77,65 @@ def _commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
+IDENTICAL = "bit-identical (timing fields aside)"
+
+
+def result(commit: str, runs: list[str]) -> dict:
+    """The result file's content: a headline, then one line per re-run (``"<cell> seed <s>: <outcome>"``)."""
+    identical = sum(line.endswith(": " + IDENTICAL) for line in runs)
+    head = f"At {commit}: {identical} of {len(runs)} re-runs identical to their committed records."
+    return {"commit": commit, "lines": [head, *runs]}
+
+
+def merge(parts: list[Path]) -> dict:
+    """One result from parts made by separate processes; they must come from one commit."""
+    loaded = [json.loads(p.read_text()) for p in parts]
+    commits = {part["commit"] for part in loaded}
+    if len(commits) != 1:
+        raise SystemExit(f"--merge: the parts come from different commits ({', '.join(sorted(commits))})")
+    return result(commits.pop(), [line for part in loaded for line in part["lines"][1:]])
+
+
+def _in_parallel(cells: list[str], seeds: list[int], jobs: int) -> dict:
+    """Split the re-runs over ``jobs`` processes of this script (by cell, or by seed when there are fewer cells),
+    one part file each, then merge the parts."""
+    split = ([(cells[j::jobs], seeds) for j in range(jobs)] if len(cells) >= jobs
+             else [(cells, seeds[j::jobs]) for j in range(min(jobs, len(seeds)))])
+    with tempfile.TemporaryDirectory() as tmp:
+        parts = [Path(tmp) / f"part{j}.json" for j in range(len(split))]
+        procs = [subprocess.Popen([sys.executable, __file__, "--cells", ",".join(c), "--seeds", ",".join(map(str, s)),
+                                   "--out", str(part)]) for (c, s), part in zip(split, parts)]
+        codes = [p.wait() for p in procs]
+        if any(code not in (0, 1) for code in codes):  # 1: a difference found, which the merged result reports
+            raise SystemExit(f"a re-run process failed (exit codes {codes})")
+        return merge(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", default="sync,async-G4")
     parser.add_argument("--seeds", default="100,101,102,103")
     parser.add_argument("--out", type=Path, default=REPRODUCIBILITY)
+    parser.add_argument("--jobs", type=int, default=1, help="processes to split the re-runs over (by cell)")
+    parser.add_argument("--merge", type=Path, nargs="+", help="write one result from these part files instead")
     args = parser.parse_args(argv)
-    lines, identical = [], 0
-    with tempfile.TemporaryDirectory() as scratch:
-        for cell in args.cells.split(","):
-            for seed in map(int, args.seeds.split(",")):
-                diff = reproduce(cell, seed, Path(scratch))
-                identical += not diff
-                lines.append(f"{cell} seed {seed}: " + ("bit-identical (timing fields aside)" if not diff
-                                                         else "; ".join(diff)))
-                print(lines[-1], flush=True)
-    total = len(lines)
-    lines.insert(0, f"At {_commit()}: {identical} of {total} re-runs identical to their committed records.")
-    args.out.write_text(json.dumps({"commit": _commit(), "lines": lines}, indent=1) + "\n")
-    return 0 if identical == total else 1
+    cells, seeds = args.cells.split(","), [int(s) for s in args.seeds.split(",")]
+    if args.merge:
+        out = merge(args.merge)
+    elif args.jobs > 1:
+        out = _in_parallel(cells, seeds, args.jobs)
+    else:
+        runs = []
+        with tempfile.TemporaryDirectory() as scratch:
+            for cell in cells:
+                for seed in seeds:
+                    diff = reproduce(cell, seed, Path(scratch))
+                    runs.append(f"{cell} seed {seed}: " + ("; ".join(diff) if diff else IDENTICAL))
+                    print(runs[-1], flush=True)
+        out = result(_commit(), runs)
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(out["lines"][0])
+    return 0 if all(line.endswith(": " + IDENTICAL) for line in out["lines"][1:]) else 1
 
 
 if __name__ == "__main__":

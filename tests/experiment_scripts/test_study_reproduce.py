@@ -3,6 +3,8 @@ traces (experiments/study_reproduce.py), on a tiny random-weights grid run."""
 
 import json
 
+import pytest
+
 from experiments import staleness_grid, study_reproduce
 
 TINY = ["model.source=random", "env.num_products=30", "env.eval_goals=2", "run.updates=2", "run.eval_every=1",
@@ -27,3 +29,20 @@ def test_a_rerun_matches_its_committed_records_and_a_change_is_named(tmp_path):
     (committed / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     found = study_reproduce.differences(committed, tmp_path / "scratch" / "sync" / "seed0")
     assert len(found) == 1 and "differs in fitness_mean" in found[0]
+
+
+def test_parts_from_separate_processes_merge_into_one_result_from_one_commit(tmp_path):
+    same = study_reproduce.IDENTICAL
+    parts = {"a": study_reproduce.result("abc1234", [f"sync seed 100: {same}", f"sync seed 101: {same}"]),
+             "b": study_reproduce.result("abc1234", ["async-G4 seed 100: record 3 (update v2) differs in theta"]),
+             "c": study_reproduce.result("def5678", [f"async-G4 seed 101: {same}"])}
+    for name, part in parts.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(part))
+    out = tmp_path / "merged.json"
+    code = study_reproduce.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(out)])
+    merged = json.loads(out.read_text())
+    assert code == 1 and merged["commit"] == "abc1234"
+    assert merged["lines"] == ["At abc1234: 2 of 3 re-runs identical to their committed records.",
+                               *parts["a"]["lines"][1:], *parts["b"]["lines"][1:]]
+    with pytest.raises(SystemExit, match="different commits"):
+        study_reproduce.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "c.json"), "--out", str(out)])
