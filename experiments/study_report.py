@@ -11,9 +11,11 @@ rules, not the data:
 * the secondary family is analysed only after the primary one is complete;
 * TOST at the protocol's margin, Holm within each family, separately per endpoint (``report.compare_with_sync`` on
   the family's cells alone);
-* the deviations from the protocol are listed first (``DEVIATIONS``, written down as they happen).
+* the deviations from the protocol are listed first (``DEVIATIONS``, written down as they happen);
+* the figure (``staleness_study.png``: held-out curves, and each seed's paired Δ against the margin) exists only
+  for a complete primary family, like the numbers.
 
-    python experiments/study_report.py            # rewrites experiments/results/staleness.md
+    python experiments/study_report.py            # rewrites experiments/results/staleness.md (+ its figure)
     python experiments/study_report.py --check    # exit 1 if the committed file differs from a fresh render
 """
 
@@ -34,6 +36,7 @@ from experiments import report as stats  # noqa: E402
 RECORDS = REPO / "experiments" / "results" / "study"
 DATA = "webshop_small"
 OUT = REPO / "experiments" / "results" / "staleness.md"
+FIGURE = OUT.with_name("staleness_study.png")
 REPRODUCIBILITY = RECORDS / "reproducibility.json"
 FIRST_SEED = 100
 FAMILIES = {"primary": ("async-G4", "delay8", "all-stale-k1"), "secondary": ("delay4", "async-K1")}
@@ -110,6 +113,50 @@ def _family_section(grid: dict[str, list[dict]], cells: tuple[str, ...], seeds: 
     return lines
 
 
+def write_figure(grid: dict[str, list[dict]], cells: tuple[str, ...], seeds: list[int], margin: float,
+                 path: Path = FIGURE) -> Path:
+    """Left: mean held-out curve per cell over the seeds (band ±1 SD). Right: each seed's paired Δ final score
+    (cell − sync) per cell, its mean and 90% CI (the TOST interval, before Holm), and the margin ±m."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    runs = {name: sorted((r for r in grid[name] if r["seed"] in seeds), key=lambda r: r["seed"])
+            for name in ("sync", *cells)}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.4))
+    for i, (name, rs) in enumerate(runs.items()):  # sync black, cell i in colour C<i> on both panels
+        scores = np.asarray([r["eval_scores"] for r in rs], np.float64)
+        x, mean, sd = np.asarray(rs[0]["eval_versions"]), scores.mean(0), scores.std(0)
+        color = "k" if i == 0 else f"C{i}"
+        left.plot(x, mean, "-", color=color, marker="o", ms=3, lw=2 if i == 0 else 1.2,
+                  label=f"{name} ({len(rs)} seeds)")
+        left.fill_between(x, mean - sd, mean + sd, color=color, alpha=0.08)
+    left.set_xlabel("ES updates")
+    left.set_ylabel("held-out score, 500 test goals (100 × mean reward)")
+    left.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    sync_final = {r["seed"]: r["final"] for r in runs["sync"]}
+    for i, name in enumerate(cells):
+        deltas = [r["final"] - sync_final[r["seed"]] for r in runs[name]]
+        jitter = np.linspace(-0.15, 0.15, len(deltas))
+        right.plot(i + jitter, deltas, "o", ms=3, alpha=0.5, color=f"C{i + 1}")
+        mean, low, high = stats.t_ci(deltas, 0.90)
+        right.errorbar([i + 0.3], [mean], yerr=[[mean - low], [high - mean]], fmt="s", color="k", capsize=4)
+    right.axhspan(-margin, margin, color="0.85", alpha=0.5, label=f"±m = ±{margin:g} (equivalence margin)")
+    right.axhline(0, color="k", lw=0.8)
+    right.set_xticks(range(len(cells)), cells)
+    right.set_ylabel("Δ final score vs sync, per seed (points)")
+    right.set_title("dots: seeds; square: mean and 90% CI", fontsize=9)
+    right.grid(alpha=0.3, axis="y")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _reproducibility() -> list[str]:
     if not REPRODUCIBILITY.is_file():
         return ["Not run yet: it follows the last run of the study (seeds 100–103 of sync and async-G4 re-run at the "
@@ -150,6 +197,11 @@ def render(records: Path = RECORDS, power: protocol_power.Power | None = None) -
                          f"{power.n} seeds (the protocol allows no interim look).")
         else:
             lines += _family_section(scan.grid, cells, seeds, power.margin)
+            if family == "primary":
+                lines += ["", f"![held-out curves and paired differences]({FIGURE.name}) "
+                              "(`staleness_study.png`: left, the mean held-out curve per cell, band ±1 SD over the "
+                              "seeds; right, each seed's Δ final score against sync, the mean with its 90% CI, and "
+                              "the margin)"]
     lines += ["", "## Reproducibility check", ""] + _reproducibility()
     lines += ["", "## The published numbers (theirs, not ours)", ""] + stats.published_table()
     return "\n".join(lines) + "\n"
@@ -160,6 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="compare with the committed file instead of writing")
     args = parser.parse_args(argv)
     text = render()
+    if not args.check:
+        power = protocol_power.protocol_power()
+        scan, seeds = stats.scan_grid(RECORDS, DATA), expected_seeds(power.n)
+        if power.feasible and family_complete(scan.grid, FAMILIES["primary"], seeds):
+            print(f"wrote {write_figure(scan.grid, FAMILIES['primary'], seeds, power.margin).relative_to(REPO)}")
     if args.check:
         same = OUT.is_file() and OUT.read_text() == text
         print(f"{OUT.relative_to(REPO)} {'is' if same else 'is NOT'} what the records give")

@@ -46,6 +46,7 @@ def test_an_incomplete_family_shows_progress_and_no_effect(tmp_path):
     assert "| async-G4 | primary | 8 / 8 | — | — | 100, 101, 102, 103, 104, 105, 106, 107 |" in text  # no run.json
     assert "no verdict and no effect size" in text and "Not analysed" in text
     assert "equivalent" not in text and "worse" not in text and "-9.00" not in text
+    assert "staleness_study.png" not in text  # no figure either
 
 
 def test_a_complete_primary_family_gets_its_verdicts(tmp_path):
@@ -60,6 +61,12 @@ def test_a_complete_primary_family_gets_its_verdicts(tmp_path):
     assert "inconclusive" in rows["all-stale-k1/final score"]
     assert "Not analysed: the protocol runs it only after" not in text  # primary complete: secondary is next
     assert "Incomplete" in text.split("## Secondary family")[1]
+    assert "](staleness_study.png)" in text.split("## Secondary family")[0]
+    from experiments.report import scan_grid
+
+    figure = study_report.write_figure(scan_grid(root, "webshop_small").grid, study_report.FAMILIES["primary"], SEEDS,
+                                       POWER.margin, tmp_path / "figure.png")
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_an_infeasible_n_reports_that_the_study_is_not_run(tmp_path):
