@@ -54,6 +54,16 @@ DEVIATIONS = (
     "12.5% share as 2 of 16).",
     "Issue 31 was marked resolved in the session that started the runs (its resolution takes effect when that "
     "session ends); every Done-means item of it had been measured and CI had passed before the first run.",
+    "The study's runs span several sessions (the protocol allows it); each session restarted the shard processes, "
+    "and a run cut by a session's end resumed from its last checkpoint (resume is bit-identical, tested). For the "
+    "last seeds the split changed from seed parity over 100–123 to balance the two cores: seeds 117 and 119 in one "
+    "process, 121 and 123 in another started when the even-seed process ended after seed 122 (at most two "
+    "processes at once, all cells of a seed in one process, as the protocol asks); async-G4 seed 117 was stopped "
+    "minutes after it started for this and resumed.",
+    "The reproducibility check ran beside the study's last runs, not after them, at 083a1cc: the commit at which "
+    "the check started, whose code (esjax/, envs/, configs/, experiments/staleness_grid.py and records.py) is the "
+    "final commit's; later commits add only run records, this report and tests. Its eight re-runs were niced so "
+    "the study's own runs kept the cores.",
 )
 
 
