@@ -41,8 +41,7 @@ REPRODUCIBILITY = RECORDS / "reproducibility.json"
 FIRST_SEED = 100
 FAMILIES = {"primary": ("async-G4", "delay8", "all-stale-k1"), "secondary": ("delay4", "async-K1")}
 ALPHA = 0.05
-COMMAND = ("python experiments/staleness_grid.py --preset real --cells sync,async-G4,delay8,all-stale-k1 "
-           "--first-seed 100 --seeds {n} --jobs 2")
+COMMAND = "python experiments/staleness_grid.py --preset real --cells {cells} --first-seed 100 --seeds {n} --jobs 2"
 #: The one commit every run of the study is made at (a later session runs from a worktree checked out there).
 STUDY_COMMIT = "62ddc0a"
 
@@ -194,7 +193,7 @@ def render(records: Path = RECORDS, power: protocol_power.Power | None = None) -
         return "\n".join(lines) + "\n"
     seeds = expected_seeds(power.n)
     lines += ["", f"Seeds {seeds[0]}–{seeds[-1]}, every run at commit {STUDY_COMMIT} (checked from each `run.json` "
-              f"below). Command: `{COMMAND.format(n=power.n)}`.", "",
+              f"below). Command: `{COMMAND.format(cells=','.join(('sync', *FAMILIES['primary'])), n=power.n)}`.", "",
               "## Progress", ""]
     lines += _progress_table(scan, seeds)
     primary_done = family_complete(scan.grid, FAMILIES["primary"], seeds)
@@ -202,6 +201,9 @@ def render(records: Path = RECORDS, power: protocol_power.Power | None = None) -
         lines += ["", f"## {family.capitalize()} family: {', '.join(cells)} (Holm over {len(cells)})", ""]
         if family == "secondary" and not primary_done:
             lines.append("Not analysed: the protocol runs it only after the primary family is complete.")
+        elif not any(scan.grid.get(name) for name in cells):
+            lines.append(f"Not run: no run of {', '.join(cells)} exists yet (sync's are shared; the command: "
+                         f"`{COMMAND.format(cells=','.join(cells), n=power.n)}`).")
         elif not family_complete(scan.grid, cells, seeds):
             lines.append(f"Incomplete: **no verdict and no effect size** until sync and every cell have all "
                          f"{power.n} seeds (the protocol allows no interim look).")

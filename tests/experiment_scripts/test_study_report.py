@@ -60,7 +60,11 @@ def test_a_complete_primary_family_gets_its_verdicts(tmp_path):
     assert "worse (m = 3)" in rows["delay8/final score"] and "| 0.09 |" in rows["async-G4/final score"]
     assert "inconclusive" in rows["all-stale-k1/final score"]
     assert "Not analysed: the protocol runs it only after" not in text  # primary complete: secondary is next
-    assert "Incomplete" in text.split("## Secondary family")[1]
+    secondary = text.split("## Secondary family")[1].split("## Reproducibility")[0]
+    assert "Not run: no run of delay4, async-K1 exists yet" in secondary and "--cells delay4,async-K1" in secondary
+    _write_run(root / "webshop_small" / "delay4" / "seed100", 100, 70.0)
+    secondary = study_report.render(root, POWER).split("## Secondary family")[1].split("## Reproducibility")[0]
+    assert "Incomplete: **no verdict and no effect size**" in secondary
     assert "](staleness_study.png)" in text.split("## Secondary family")[0]
     from experiments.report import scan_grid
 
