@@ -62,7 +62,10 @@ DEVIATIONS = (
     "The reproducibility check ran beside the study's last runs, not after them, at 083a1cc: the commit at which "
     "the check started, whose code (esjax/, envs/, configs/, experiments/staleness_grid.py and records.py) is the "
     "final commit's; later commits add only run records, this report and tests. Its eight re-runs were niced so "
-    "the study's own runs kept the cores.",
+    "the study's own runs kept the cores, and went as three processes (sync 100–103; async-G4 100–102; async-G4 "
+    "103, started near the end to finish within the session) whose lines were merged (`study_reproduce.py "
+    "--merge`; the async-G4 100–102 process was stopped before its redundant seed 103, its three lines taken from "
+    "its log).",
 )
 
 
