@@ -226,9 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the committed file instead of writing")
     args = parser.parse_args(argv)
-    text = render()
+    power = protocol_power.protocol_power()
+    text = render(power=power)
     if not args.check:
-        power = protocol_power.protocol_power()
         scan, seeds = stats.scan_grid(RECORDS, DATA), expected_seeds(power.n)
         if power.feasible and family_complete(scan.grid, FAMILIES["primary"], seeds):
             print(f"wrote {write_figure(scan.grid, FAMILIES['primary'], seeds, power.margin).relative_to(REPO)}")
