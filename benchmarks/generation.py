@@ -37,8 +37,7 @@ def _lane_with_rows(config, params, rows: int, prompt: int, length: int, samplin
     members = [(0, r, noise is not None) for r in range(rows)]
     entries = [(r, list(range(3, 3 + prompt)), RowState(members[r], *split_seed(r), False)) for r in range(rows)]
     first = np.asarray(lane.prefill(params, noise, sigma, entries, 1))
-    for r in range(rows):
-        lane.states[r].cur = int(first[r])
+    lane.set_next(np.arange(rows), first)
     return lane
 
 
@@ -89,15 +88,14 @@ def wasted(config, params, rows: int, replies: list[int], prompt: int, steps: in
                     left[r] = n - 1  # the prefill draws the first token
             first = lane.prefill(params, None, 0.0, entries, steps)
             if first is not None:
-                for (r, _, _), t in zip(entries, np.asarray(first)):
-                    lane.states[r].cur = int(t)
+                lane.set_next([r for r, _, _ in entries], np.asarray(first))
         out = np.asarray(lane.decode(params, None, 0.0, steps, prefilled=False))
         computed += lane.rows * steps
         for r in list(left):
             take = min(left[r], steps)
             kept += take
             left[r] -= take
-            lane.states[r].cur = int(out[r, -1])
+            lane.set_next(r, int(out[r, -1]))
             if left[r] <= 0:
                 del left[r]
                 lane.release(r)

@@ -338,6 +338,7 @@ def measure_simulated_generate(config_path: str, overrides: list[str], milliseco
         "loop_vs_floor": device.busy_seconds / recorder.loop_seconds,
         "loop_thread_us_per_decode_call": 1e6 * recorder.loop_thread_cpu_seconds / calls,
         "loop_thread_us_per_decode_step": 1e6 * recorder.loop_thread_cpu_seconds / steps,
+        "decode_path_cpu_us_per_decode_step": 1e6 * s.decode_cpu_s / steps,
         "lane_row_steps": s.row_steps,
         "model_host_us_per_decode_step": 1e6 * (s.model_s - device.waited_seconds) / steps,
         "prepare_us_per_prefill": 1e6 * s.prepare_s / max(device.prefill_rows, 1),
@@ -360,7 +361,8 @@ def report_simulated_generate(r: dict[str, Any]) -> str:
         _simulated_floor(r),
         f"  CPU of the loop's own thread: {r['loop_thread_us_per_decode_call']:.0f} µs per decode call, "
         f"{r['loop_thread_us_per_decode_step']:.0f} µs per decode step (process, all threads: "
-        f"{r['host_us_per_decode_step']:.0f} µs per decode step)",
+        f"{r['host_us_per_decode_step']:.0f} µs per decode step); of it in the decode steps' own path (dispatch, "
+        f"token intake): {r['decode_path_cpu_us_per_decode_step']:.0f} µs per decode step",
         f"  host wall by part (s, device waits excluded): {parts}; per decode step the model's host part "
         f"{r['model_host_us_per_decode_step']:.0f} µs (lanes of {r['lane_row_steps'] / max(r['decode_steps'], 1):.0f}"
         f" rows on average), per prefilled row the prompt {r['prepare_us_per_prefill']:.0f} µs",

@@ -143,24 +143,28 @@ def _decode(config: ModelConfig, sampling: Sampling, params, prepared: Prepared 
 # ------------------------------------------------------------------------------------------------- the lane
 @dataclasses.dataclass
 class RowState:
-    """What the host knows of one lane row mid-turn: the next token to feed, its position and index in the turn."""
+    """A row that starts a turn: its member, its turn's sampling seed and the index of its next token."""
 
     member: tuple[int, int, bool]  # (version, index, perturbed)
     lo: int
     hi: int
     greedy: bool
-    cur: int = 0
-    pos: int = 0
     count: int = 0
-    start: int = 0  # first cache slot of the row's prompt (for shifting)
 
 
 class Lane:
     """A KV cache of ``rows`` rows and ``length`` slots for one θ (see the module docstring).
 
-    Host-side bookkeeping (which rows are live, their members, tokens, positions) lives here; the device holds the
-    cache only, so everything a decode step needs is passed in per call.
+    The host's bookkeeping (which rows are live, their members, next tokens, positions) is one numpy array per
+    field over the lane's rows, so a decode step costs the host the same few array operations however many rows
+    are live; the device holds the cache only, and everything a decode step needs is passed in per call.
+    Rows not live hold token 0, position 0, count 0, seed 0, greedy and no member.
     """
+
+    #: per-row host fields and their dtypes (``greedy`` is True for rows not live)
+    _FIELDS = {"cur": np.int32, "pos": np.int32, "count": np.int32, "lo": np.uint32, "hi": np.uint32,
+               "greedy": bool, "live": bool, "start": np.int64, "version": np.int32, "index": np.int32,
+               "perturbed": bool}
 
     def __init__(self, config: ModelConfig, rows: int, length: int, dtype: Any, sampling: Sampling):
         self.config = config
@@ -169,52 +173,72 @@ class Lane:
         self.sampling = sampling
         self.cache = init_cache(config, rows, length, dtype)
         self.index = 0  # the host's copy of cache['index']
-        self.states: dict[int, RowState] = {}  # lane row -> its state (live rows only)
-        self._prepared_key: tuple | None = None
+        self.row = {name: self._blank(name, rows) for name in self._FIELDS}
+        self._reserved = np.zeros(rows, bool)  # rows handed out by free_row, not yet prefilled
+        self._prepared_members: tuple[np.ndarray, ...] | None = None
         self._prepared: Prepared | None = None
         self._cur: jax.Array | None = None  # next tokens after a prefill (device)
+
+    def _blank(self, name: str, rows: int) -> np.ndarray:
+        return np.full(rows, name == "greedy", self._FIELDS[name])
 
     @property
     def rows(self) -> int:
         return int(self.cache["valid"].shape[0])
 
-    def free_row(self, taken: set[int] | frozenset[int] = frozenset()) -> int:
-        """The lowest lane row neither live nor in ``taken``, growing the lane (doubling its rows) when it is full."""
-        for r in range(self.rows):
-            if r not in self.states and r not in taken:
-                return r
-        old = self.rows
-        grow = lambda x, axis: jnp.concatenate([x, jnp.zeros(x.shape[:axis] + (old,) + x.shape[axis + 1:], x.dtype)],
-                                               axis=axis)
-        self.cache = {"k": grow(self.cache["k"], 1), "v": grow(self.cache["v"], 1),
-                      "valid": grow(self.cache["valid"], 0), "index": self.cache["index"]}
-        self._prepared_key = None
-        return old
+    def live_rows(self) -> np.ndarray:
+        """The live lane rows, ascending."""
+        return np.flatnonzero(self.row["live"])
+
+    def set_next(self, rows: Any, tokens: Any) -> None:
+        """The tokens the next decode step feeds to ``rows``."""
+        self.row["cur"][rows] = tokens
+
+    def free_row(self) -> int:
+        """Reserve the lowest lane row neither live nor reserved (the caller prefills it next), growing the lane
+        (doubling its rows) when it is full."""
+        free = ~(self.row["live"] | self._reserved)
+        if free.any():
+            r = int(np.argmax(free))
+        else:
+            r = old = self.rows
+            grow = lambda x, axis: jnp.concatenate([x, jnp.zeros(x.shape[:axis] + (old,) + x.shape[axis + 1:],
+                                                                 x.dtype)], axis=axis)
+            self.cache = {"k": grow(self.cache["k"], 1), "v": grow(self.cache["v"], 1),
+                          "valid": grow(self.cache["valid"], 0), "index": self.cache["index"]}
+            self.row = {name: np.concatenate([values, self._blank(name, old)]) for name, values in self.row.items()}
+            self._reserved = np.concatenate([self._reserved, np.zeros(old, bool)])
+            self._prepared_members = None
+        self._reserved[r] = True
+        return r
 
     def release(self, row: int) -> None:
-        self.states.pop(row, None)
+        if row < self.rows:
+            for name, values in self.row.items():
+                values[row] = name == "greedy"
+            self._reserved[row] = False
 
-    def _perturbation(self, noise, sigma: float, params: Any, members: Sequence[tuple[int, int, bool]]
+    def _perturbation(self, noise, sigma: float, params: Any, versions: Any, indices: Any, perturbed: Any
                       ) -> Prepared | None:
-        if noise is None or not any(m[2] for m in members):
+        if noise is None or not np.any(perturbed):
             return None
-        return prepare_jit(Perturbation.create(noise, sigma, [m[0] for m in members], [m[1] for m in members],
-                                               [m[2] for m in members]), params)
+        return prepare_jit(Perturbation.create(noise, sigma, versions, indices, perturbed), params)
 
-    def _make_room(self, prompt_len: int, steps: int, starting: set[int]) -> None:
+    def _make_room(self, prompt_len: int, steps: int, starting: Sequence[int] = ()) -> None:
         """Shift the cache so the write slot is at least ``prompt_len`` and ``steps`` more slots fit."""
         if self.index >= prompt_len and self.index + steps <= self.length:
             return
-        starts = [s.start for r, s in self.states.items() if r not in starting]
-        shift = min(min(starts, default=self.index), self.index - prompt_len)
+        staying = self.row["live"].copy()
+        staying[list(starting)] = False
+        first = int(self.row["start"][staying].min()) if staying.any() else None
+        shift = min(self.index if first is None else first, self.index - prompt_len)
         if self.index - shift + steps > self.length:
             raise RuntimeError(f"decode lane of {self.length} slots cannot hold a {prompt_len}-token prompt and "
-                               f"{steps} steps beside rows spanning {self.index - min(starts)} slots")
+                               f"{steps} steps beside rows spanning {self.index - (first or 0)} slots")
         if shift:
             self.cache = _shift(self.cache, jnp.int32(shift))
             self.index -= shift
-            for state in self.states.values():
-                state.start -= shift
+            self.row["start"][self.row["live"]] -= shift
 
     def prefill(self, params: Any, noise, sigma: float, entries: Sequence[tuple[int, list[int], RowState]],
                 steps: int, row_buckets: int = 1) -> jax.Array | None:
@@ -228,56 +252,58 @@ class Lane:
         n = len(entries)
         n_b = max(next_power_of_two(n), row_buckets)
         plen = PREFILL_BUCKETS.length(max(len(ids) for _, ids, _ in entries))
-        self._make_room(plen, steps, {r for r, _, _ in entries})
+        rows = np.array([r for r, _, _ in entries], np.int64)
+        self._make_room(plen, steps, rows)
         tokens, mask = left_pad([ids for _, ids, _ in entries], n_b, plen)
-        members = [s.member for _, _, s in entries] + [(0, 0, False)] * (n_b - n)
-        prepared = self._perturbation(noise, sigma, params, members)
         pad = lambda values, fill, dtype: np.asarray(list(values) + [fill] * (n_b - n), dtype)
-        lo = pad((s.lo for _, _, s in entries), 0, np.uint32)
-        hi = pad((s.hi for _, _, s in entries), 0, np.uint32)
-        counts = pad((s.count for _, _, s in entries), 0, np.int32)
-        greedy = pad((s.greedy for _, _, s in entries), True, bool)
+        states = [s for _, _, s in entries]
+        versions = pad((s.member[0] for s in states), 0, np.int32)
+        indices = pad((s.member[1] for s in states), 0, np.int32)
+        perturbed = pad((s.member[2] for s in states), False, bool)
+        prepared = self._perturbation(noise, sigma, params, versions, indices, perturbed)
+        lo, hi = pad((s.lo for s in states), 0, np.uint32), pad((s.hi for s in states), 0, np.uint32)
+        counts = pad((s.count for s in states), 0, np.int32)
+        greedy = pad((s.greedy for s in states), True, bool)
         k_new, v_new, first = _prefill(self.config, self.sampling, params, prepared, tokens, mask, lo, hi, counts,
                                        greedy)
-        rows = pad((r for r, _, _ in entries), self.rows, np.int32)  # out of range: dropped
-        self.cache, self._cur = _insert(self.cache, k_new, v_new, mask, rows, self._vectors()["cur"], first)
-        for r, ids, state in entries:
-            state.start = self.index - len(ids)
-            state.pos = len(ids)
-            state.count += 1
-            self.states[r] = state
+        into = pad(rows, self.rows, np.int32)  # out of range: dropped
+        self.cache, self._cur = _insert(self.cache, k_new, v_new, mask, into, self._vector("cur"), first)
+        lengths = np.array([len(ids) for _, ids, _ in entries], np.int64)
+        row = self.row
+        row["live"][rows] = True
+        self._reserved[rows] = False
+        row["start"][rows] = self.index - lengths
+        row["pos"][rows] = lengths
+        row["count"][rows] = counts[:n] + 1
+        row["cur"][rows] = 0
+        for name, values in (("lo", lo), ("hi", hi), ("greedy", greedy), ("version", versions), ("index", indices),
+                             ("perturbed", perturbed)):
+            row[name][rows] = values[:n]
         return first[:n]
 
-    def _vectors(self) -> dict[str, np.ndarray]:
-        """Every live row's state as per-lane-row host arrays (rows not live: 0, greedy True), in one pass; the
-        jitted programs copy them to the device."""
-        rows = self.rows
-        cur, pos, count = np.zeros(rows, np.int32), np.zeros(rows, np.int32), np.zeros(rows, np.int32)
-        lo, hi, greedy = np.zeros(rows, np.uint32), np.zeros(rows, np.uint32), np.ones(rows, bool)
-        for r, state in self.states.items():
-            cur[r], pos[r], count[r] = state.cur, state.pos, state.count
-            lo[r], hi[r], greedy[r] = state.lo, state.hi, state.greedy
-        return {"cur": cur, "pos": pos, "count": count, "lo": lo, "hi": hi, "greedy": greedy}
+    def _vector(self, name: str) -> np.ndarray:
+        """A copy of one per-row field for a jitted call (the call may read it after the host changed the field)."""
+        return self.row[name].copy()
 
     def decode(self, params: Any, noise, sigma: float, steps: int, prefilled: bool) -> jax.Array:
         """``steps`` decode steps for every live row; returns the tokens ``[rows, steps]`` (device, not yet read).
 
         ``prefilled``: :meth:`prefill` ran just before (its rows' next tokens are on the device)."""
-        self._make_room(0, steps, set())
-        active = np.zeros((self.rows,), bool)
-        active[list(self.states)] = True
-        members = tuple(self.states[r].member if r in self.states else (0, 0, False) for r in range(self.rows))
-        if members != self._prepared_key:
-            self._prepared = self._perturbation(noise, sigma, params, members)
-            self._prepared_key = members
-        v = self._vectors()
-        cur = self._cur if prefilled else v["cur"]
-        self.cache, out = _decode(self.config, self.sampling, params, self._prepared, self.cache, cur, v["pos"],
-                                  v["count"], active, v["greedy"], v["lo"], v["hi"], steps=steps)
+        self._make_room(0, steps)
+        row = self.row
+        members = (row["version"], row["index"], row["perturbed"])
+        if self._prepared_members is None or not all(np.array_equal(a, b)
+                                                     for a, b in zip(members, self._prepared_members)):
+            self._prepared = self._perturbation(noise, sigma, params, *members)
+            self._prepared_members = tuple(m.copy() for m in members)
+        cur = self._cur if prefilled else self._vector("cur")
+        self.cache, out = _decode(self.config, self.sampling, params, self._prepared, self.cache, cur,
+                                  self._vector("pos"), self._vector("count"), self._vector("live"),
+                                  self._vector("greedy"), self._vector("lo"), self._vector("hi"), steps=steps)
         self.index += steps
-        for state in self.states.values():
-            state.pos += steps
-            state.count += steps
+        live = row["live"]
+        row["pos"][live] += steps
+        row["count"][live] += steps
         return out
 
 
@@ -297,8 +323,7 @@ def generate_rows(config: ModelConfig, params: Any, prompts: Sequence[Sequence[i
     entries = [(r, list(p), RowState(members[r], *split_seed(seeds[r]), greedy[r])) for r, p in enumerate(prompts)]
     first = np.asarray(lane.prefill(params, noise, sigma, entries, steps))
     outs = [[int(t)] for t in first]
-    for r, row in enumerate(outs):
-        lane.states[r].cur = row[-1]
+    lane.set_next(np.arange(n), first)
     stop = set(stop_ids)
     done = [out[-1] in stop for out in outs]
     while not all(done) and min(len(o) for o, d in zip(outs, done) if not d) < max_new_tokens:
@@ -309,5 +334,5 @@ def generate_rows(config: ModelConfig, params: Any, prompts: Sequence[Sequence[i
                     break
                 row.append(int(t))
                 done[r] = int(t) in stop
-            lane.states[r].cur = row[-1]
+            lane.set_next(r, row[-1])
     return [row[:max_new_tokens] for row in outs]

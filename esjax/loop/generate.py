@@ -59,7 +59,7 @@ _TAG_TURN = 0x7E57  # separates the turn seeds from any other use of the samplin
 class GenEpisode(Episode):
     """An episode of generate mode: its current turn's prompt and tokens so far."""
 
-    tokens: list[int] = dataclasses.field(default_factory=list)  # this turn's tokens so far
+    tokens: list[int] = dataclasses.field(default_factory=list)  # partial turn to prefill (mid-turn: the lane's)
     prompt: list[int] | None = None  # this turn's prompt ids once built (a pipelined tick builds them early)
     prompt_len: int = 0
     needs_prefill: bool = True
@@ -83,6 +83,37 @@ class GenTickStats(TickStats):
     useful_steps: int = 0  # of which produced a token of a live turn
     generated: int = 0  # tokens kept in replies
     invalid_actions: int = 0
+    decode_cpu_s: float = 0.0  # CPU of the calling thread in the decode steps' host path (dispatch, token intake)
+
+
+class TurnTokens:
+    """The tokens of each lane row's turn so far, one array row per lane row, so a decode step appends every
+    continuing row's new tokens in one operation. ``-1`` after a token marks a complete action."""
+
+    def __init__(self, rows: int, capacity: int):
+        self.capacity = capacity
+        self.tokens = np.zeros((rows, capacity), np.int32)
+        self.count = np.zeros(rows, np.int64)
+
+    def fit(self, rows: int) -> None:
+        """Grow to ``rows`` rows (a lane that grew)."""
+        if rows > len(self.count):
+            extra = rows - len(self.count)
+            self.tokens = np.concatenate([self.tokens, np.zeros((extra, self.capacity), np.int32)])
+            self.count = np.concatenate([self.count, np.zeros(extra, np.int64)])
+
+    def get(self, row: int) -> list[int]:
+        return self.tokens[row, :self.count[row]].tolist()
+
+    def put(self, row: int, tokens: list[int]) -> None:
+        self.tokens[row, :len(tokens)] = tokens
+        self.count[row] = len(tokens)
+
+    def append(self, rows: np.ndarray, new: np.ndarray) -> None:
+        """Append ``new [len(rows), steps]`` to ``rows``."""
+        columns = self.count[rows][:, None] + np.arange(new.shape[1])
+        self.tokens[rows[:, None], columns] = new
+        self.count[rows] += new.shape[1]
 
 
 def turn_seed(sampling_seed: int, position: int, turn: int) -> int:
@@ -122,8 +153,12 @@ class GenerateEngine(RolloutEngine):
         longest_prefill = PREFILL_BUCKETS.length(max_prompt_tokens + max_new_tokens)
         self.lane_length = longest_prefill + 2 * (max_new_tokens + decode_steps)
         self.lanes: dict[int, Lane] = {}
-        self._special_ids = np.array(sorted(agent.stop_token_ids | agent.closing_ids), np.int64)
+        self.turn_tokens: dict[int, TurnTokens] = {}  # version -> its lane rows' turns so far
+        special = sorted(agent.stop_token_ids | agent.closing_ids)
+        self._can_end = np.zeros(max([model_config.vocab_size, *special]) + 1, bool)  # token id -> can end a turn
+        self._can_end[special] = True
         self.lane_row: dict[int, tuple[int, int]] = {}  # env row -> (version, lane row)
+        self.in_lane: dict[tuple[int, int], GenEpisode] = {}  # (version, lane row) -> its episode
         self.live: dict[int, GenEpisode] = {}
 
     # ------------------------------------------------------------------------------------------- episodes
@@ -155,16 +190,23 @@ class GenerateEngine(RolloutEngine):
     def checkpoint_episodes(self) -> list[dict[str, Any]]:
         """The live episodes as a checkpoint holds them. Also drops the device state (lanes): every live row
         resumes at the next tick by a prefill of its prompt and partial tokens, as a resumed run's rows do."""
-        self.lanes.clear()
-        self.lane_row.clear()
         for episode in self.live.values():
+            where = self.lane_row.get(episode.row)
+            if where is not None and not episode.needs_prefill:
+                episode.tokens = self.turn_tokens[where[0]].get(where[1])
             episode.needs_prefill = True
+        self.lanes.clear()
+        self.turn_tokens.clear()
+        self.lane_row.clear()
+        self.in_lane.clear()
         return [self.live[row].to_dict() for row in sorted(self.live)]
 
     def _release(self, row: int) -> None:
         where = self.lane_row.pop(row, None)
-        if where is not None and where[0] in self.lanes:
-            self.lanes[where[0]].release(where[1])
+        if where is not None:
+            self.in_lane.pop(where, None)
+            if where[0] in self.lanes:
+                self.lanes[where[0]].release(where[1])
 
     def _acted(self, episode: GenEpisode, reply: str, action: str, info: dict, available: dict) -> None:
         self.agent.remember(episode.memory, reply, action, info)
@@ -184,6 +226,7 @@ class GenerateEngine(RolloutEngine):
         if lane is None:
             lane = Lane(self.model_config, next_power_of_two(max(rows, 1)), self.lane_length, dtype, self.sampling)
             self.lanes[version] = lane
+            self.turn_tokens[version] = TurnTokens(lane.rows, self.max_new_tokens + self.decode_steps + 1)
         return lane
 
     def tick(self, params_at: Callable[[int], Any]) -> tuple[list[Episode], GenTickStats]:
@@ -197,72 +240,62 @@ class GenerateEngine(RolloutEngine):
         for episode in episodes:
             versions.setdefault(episode.version, []).append(episode)
         for version in [v for v in self.lanes if v not in versions]:
-            del self.lanes[version]
+            del self.lanes[version], self.turn_tokens[version]
+            for where in [w for w in self.in_lane if w[0] == version]:
+                del self.in_lane[where]
         steps = self.decode_steps
         pending = []
         for version, group in sorted(versions.items()):
             params = params_at(version)
             lane = self._lane(version, params["embed"]["embedding"].dtype, len(group))
+            turn = self.turn_tokens[version]
             t0 = time.perf_counter()
-            entries, starting, taken = [], [], set()
+            entries, starting = [], []
             for episode in group:
                 if not episode.needs_prefill:
                     continue
                 self._release(episode.row)
-                slot = lane.free_row(taken)
-                taken.add(slot)
+                slot = lane.free_row()
                 self.lane_row[episode.row] = (version, slot)
+                self.in_lane[version, slot] = episode
+                episode.needs_prefill = False
                 ids = self._prompt(episode)
                 episode.prompt_len = len(ids)
                 entries.append((slot, ids + episode.tokens, self._state(episode)))
-                starting.append(episode)
+                starting.append((slot, episode))
                 stats.tokens += len(ids) + len(episode.tokens)
+            turn.fit(lane.rows)
+            for slot, episode in starting:
+                turn.put(slot, episode.tokens)
             stats.prepare_s += time.perf_counter() - t0
             t0 = time.perf_counter()
             sigma = float(self.sigma_at(version))
             first = lane.prefill(params, self.noise, sigma, entries, steps)
+            cpu = time.thread_time()
             out = lane.decode(params, self.noise, sigma, steps, prefilled=first is not None)
+            stats.decode_cpu_s += time.thread_time() - cpu
             stats.model_s += time.perf_counter() - t0
-            pending.append((lane, group, starting, first, out))
+            pending.append((version, lane, turn, len(group), starting, first, out))
             stats.calls += 1 + (first is not None)
             stats.prefill_rows += len(entries)
             stats.decode_steps += steps
             stats.row_steps += lane.rows * steps
 
         ended: list[GenEpisode] = []
-        turns: list[tuple[GenEpisode, str, str]] = []  # (episode, reply, action) of the turns not yet stepped
+        turns: list[tuple[GenEpisode, list[int]]] = []  # (episode, reply tokens) of the turns not yet stepped
         with self._host_jobs(stats) as jobs:
-            for lane, group, starting, first, out in pending:
-                t0 = time.perf_counter()
-                first_h = None if first is None else to_host(first)
-                out_h = to_host(out)
-                for i, episode in enumerate(starting):
-                    episode.needs_prefill = False
-                    self._take(episode, [int(first_h[i])])
-                lane_ended = []
-                rows_tokens = out_h.tolist()
-                plain = ~np.isin(out_h, self._special_ids).any(axis=1)  # no token that can end a turn
-                for episode in group:
-                    slot = self.lane_row[episode.row][1]
-                    tokens = rows_tokens[slot]
-                    if plain[slot] and len(episode.tokens) + steps < self.max_new_tokens \
-                            and not self._turn_over(episode):  # the turn goes on: what _take would do, at once
-                        episode.tokens.extend(tokens)
-                        stats.useful_steps += steps
-                    else:
-                        stats.useful_steps += self._take(episode, tokens)
-                    if self._turn_over(episode):
-                        lane_ended.append(episode)
-                    else:
-                        lane.states[slot].cur = episode.tokens[-1]
+            for version, lane, turn, _, starting, first, out in pending:
+                t0, cpu = time.perf_counter(), time.thread_time()
+                lane_ended = self._read_tokens(version, lane, turn, starting, first, out, stats)
+                stats.decode_cpu_s += time.thread_time() - cpu
                 stats.model_s += time.perf_counter() - t0
                 ended += lane_ended
-                turns += self._end_turns(lane_ended, stats)
+                turns += self._end_turns(turn, lane_ended, stats)
                 if self.pipelined and turns:  # a lane's episodes are its own: the worker and this thread share none
                     jobs.submit(self._step_turns, turns, jobs.stats, True)
                     turns = []
         self._step_turns(turns, stats, prepare_next=False)
-        stats.model_rows = sum(len(g) for _, g, _, _, _ in pending)
+        stats.model_rows = sum(p[3] for p in pending)
         finished: list[Episode] = []
         for episode in ended:  # in the serial tick's order: freed rows are reused in it
             self._retire_if_over(episode, finished)
@@ -274,44 +307,85 @@ class GenerateEngine(RolloutEngine):
             episode.prompt = self.agent.prompt_ids(episode.observation, episode.available, episode.memory)
         return episode.prompt
 
-    def _take(self, episode: GenEpisode, tokens: list[int]) -> int:
-        """Append tokens to the turn until it is over (stop token, complete action or ``max_new_tokens``);
-        returns how many were kept."""
+    def _read_tokens(self, version: int, lane: Lane, turn: TurnTokens,
+                     starting: list[tuple[int, GenEpisode]], first: Any, out: Any, stats: GenTickStats
+                     ) -> list[GenEpisode]:
+        """Take a lane's new tokens into its rows' turns; returns the episodes whose turn ended, in row order.
+
+        Rows whose new tokens cannot end the turn (no stop or closing token, ``max_new_tokens`` not reached) take
+        them in one array operation; the few others go token by token (:meth:`_take`)."""
+        over = np.zeros(lane.rows, bool)
+        if first is not None:  # the prefilled rows' first tokens
+            slots = np.array([slot for slot, _ in starting], np.int64)
+            for slot in self._take_block(turn, slots, to_host(first)[:, None])[0]:
+                over[slot] = self._turn_over(turn.get(slot))
+        slots = lane.live_rows()
+        taking = slots[~over[slots]]
+        others, kept = self._take_block(turn, taking, to_host(out)[taking])
+        stats.useful_steps += kept
+        ended_slots = sorted(set(slots[over[slots]].tolist())
+                             | {slot for slot in others if self._turn_over(turn.get(slot))})
+        going = np.setdiff1d(slots, ended_slots, assume_unique=True)
+        lane.set_next(going, turn.tokens[going, turn.count[going] - 1])
+        return sorted((self.in_lane[version, slot] for slot in ended_slots), key=lambda e: e.row)
+
+    def _take_block(self, turn: TurnTokens, slots: np.ndarray, new: np.ndarray) -> tuple[list[int], int]:
+        """Append ``new [len(slots), n]`` to the turns of lane rows ``slots``: rows whose new tokens cannot end the
+        turn (no stop or closing token, ``max_new_tokens`` not reached) in one array operation, the others token by
+        token (:meth:`_take`). Returns those other rows and the tokens kept."""
+        plain = (turn.count[slots] + new.shape[1] < self.max_new_tokens) \
+            & ~self._can_end[new].any(axis=1)
+        turn.append(slots[plain], new[plain])
+        kept = new.shape[1] * int(plain.sum())
+        others = slots[~plain].tolist()
+        for slot, row in zip(others, new[~plain].tolist()):
+            tokens = turn.get(slot)
+            kept += self._take(tokens, row)
+            turn.put(slot, tokens)
+        return others, kept
+
+    def _take(self, tokens: list[int], new: list[int]) -> int:
+        """Append ``new`` to a turn's ``tokens`` until it is over (stop token, complete action or
+        ``max_new_tokens``); returns how many were kept."""
         kept = 0
-        for token in tokens:
-            if self._turn_over(episode):
+        for token in new:
+            if self._turn_over(tokens):
                 break
-            episode.tokens.append(token)
+            tokens.append(token)
             kept += 1
-            if token in self.agent.closing_ids and self.agent.complete(self.agent.decode(episode.tokens)):
-                episode.tokens.append(-1)  # marks a complete action (dropped before decoding)
+            if token in self.agent.closing_ids and self.agent.complete(self.agent.decode(tokens)):
+                tokens.append(-1)  # marks a complete action (dropped before decoding)
         return kept
 
-    def _turn_over(self, episode: GenEpisode) -> bool:
-        tokens = episode.tokens
+    def _turn_over(self, tokens: list[int]) -> bool:
         return bool(tokens) and (tokens[-1] == -1 or tokens[-1] in self.agent.stop_token_ids
                                  or len(tokens) >= self.max_new_tokens)
 
-    def _end_turns(self, ended: list[GenEpisode], stats: GenTickStats) -> list[tuple[GenEpisode, str, str]]:
-        """Parse each ended turn's reply into its action and free its lane row: (episode, reply, action) each."""
+    def _end_turns(self, turn: TurnTokens, ended: list[GenEpisode], stats: GenTickStats
+                   ) -> list[tuple[GenEpisode, list[int]]]:
+        """Take each ended turn's reply tokens and free its lane row: (episode, reply tokens) each."""
         turns = []
         for episode in ended:
-            tokens = [t for t in episode.tokens if t >= 0]
+            tokens = [t for t in turn.get(self.lane_row[episode.row][1]) if t >= 0]
             stats.generated += len(tokens)
             stats.tokens += len(tokens)
-            reply, action, _ = self.agent.parse(self.agent.decode(tokens))
-            turns.append((episode, reply, action))
+            turns.append((episode, tokens))
             self._release(episode.row)
             episode.tokens = []
             episode.prompt = None
             episode.needs_prefill = True
         return turns
 
-    def _step_turns(self, turns: list[tuple[GenEpisode, str, str]], stats: GenTickStats, prepare_next: bool) -> None:
-        """Step the env rows of ``turns`` in one batched pool call and take in what each sees; with
-        ``prepare_next``, build the next turn's prompt of those still running (a pipelined tick)."""
-        if not turns:
+    def _step_turns(self, ended: list[tuple[GenEpisode, list[int]]], stats: GenTickStats, prepare_next: bool
+                    ) -> None:
+        """Parse each ended turn's reply into its action, step the env rows in one batched pool call and take in
+        what each sees; with ``prepare_next``, build the next turn's prompt of those still running (a pipelined
+        tick: all of this runs on the host worker)."""
+        if not ended:
             return
+        t0 = time.perf_counter()
+        turns = [(episode, *self.agent.parse(self.agent.decode(tokens))[:2]) for episode, tokens in ended]
+        stats.prepare_s += time.perf_counter() - t0
         actions: list[str | None] = [None] * len(self.pool)
         for episode, _, action in turns:
             actions[episode.row] = action

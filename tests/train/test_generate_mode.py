@@ -93,11 +93,11 @@ def test_rows_joining_at_different_steps_with_shifts(tiny):
     out: dict = {}
     queue = list(range(len(prompts)))
     shifts = 0
-    while queue or lane.states:
+    while queue or len(lane.live_rows()):
         entries = []
-        while queue and len(lane.states) + len(entries) < 2:
+        while queue and len(lane.live_rows()) + len(entries) < 2:
             r = queue.pop(0)
-            slot = next(s for s in range(lane.rows) if s not in lane.states and s not in [e[0] for e in entries])
+            slot = lane.free_row()
             entries.append((slot, prompts[r], RowState((0, 0, False), *split_seed(r), True)))
             out[slot] = out.get(slot, [])
             out[(slot, "row")] = r
@@ -108,9 +108,9 @@ def test_rows_joining_at_different_steps_with_shifts(tiny):
                 out[slot] = [int(token)]
         tokens = np.asarray(lane.decode(params, None, 0.0, 2, prefilled=first is not None))
         shifts += lane.index < before + 2
-        for slot in list(lane.states):
+        for slot in lane.live_rows().tolist():
             out[slot].extend(int(t) for t in tokens[slot])
-            lane.states[slot].cur = out[slot][-1]
+            lane.set_next(slot, out[slot][-1])
             if len(out[slot]) >= 12:
                 assert out[slot][:12] == want[out[(slot, "row")]]
                 lane.release(slot)
@@ -221,6 +221,38 @@ def _member(index, position=0, seed=99, version=0, kind="train", greedy=False):
                 sampling_seed=seed, greedy=greedy)
 
 
+def test_block_token_intake_equals_taking_tokens_one_by_one(shop, action_policy):
+    """A decode call's tokens go into the turns as one array operation for rows that cannot end their turn and
+    token by token for the others: every row ends with exactly what per-token intake gives (stop and closing
+    tokens, complete actions, max_new_tokens reached mid-block, turns already holding tokens)."""
+    from esjax.loop.generate import TurnTokens
+
+    engine = _engine(shop, action_policy, steps=4)
+    agent, rng = engine.agent, np.random.default_rng(0)
+    paths = {"block": 0, "one by one": 0}
+    vocab = [*range(3, 40), *sorted(agent.closing_ids), *sorted(agent.stop_token_ids)]
+    for trial in range(20):
+        rows, n = 16, int(rng.integers(1, 6))
+        turn = TurnTokens(rows, engine.max_new_tokens + n + 1)
+        start = [[int(t) for t in rng.choice(range(3, 40), int(rng.integers(0, engine.max_new_tokens)))]
+                 for _ in range(rows)]
+        for r, tokens in enumerate(start):
+            turn.put(r, tokens)
+        new = rng.choice(vocab, (rows, n)).astype(np.int32)
+        slots = np.arange(rows)
+        others, kept = engine._take_block(turn, slots, new)
+        want_kept = 0
+        for r in range(rows):
+            tokens = list(start[r])
+            want_kept += engine._take(tokens, new[r].tolist())
+            assert turn.get(r) == tokens, (trial, r)
+        assert kept == want_kept
+        assert all(not engine._turn_over(turn.get(r)) for r in set(range(rows)) - set(others))
+        paths["block"] += rows - len(others)
+        paths["one by one"] += len(others)
+    assert min(paths.values()) > 20, paths  # both paths were taken
+
+
 def test_episodes_are_deterministic_and_members_share_the_sampling_stream(shop, action_policy):
     hf_policy = action_policy
     starts = [_member(0), _member(1), _member(2, seed=7), _member(0, kind="eval", greedy=True)]
@@ -299,7 +331,7 @@ def test_stale_members_generate_with_their_own_versions_parameters(tmp_path, mon
     decode = Lane.decode
 
     def recording(self, params, noise, sigma, steps, prefilled):
-        versions = {s.member[0] for s in self.states.values() if s.member[2]}
+        versions = set(self.row["version"][self.row["live"] & self.row["perturbed"]].tolist())
         if versions:
             calls.append((versions, float(sigma), _digest(params), max(history)))
         return decode(self, params, noise, sigma, steps, prefilled)
