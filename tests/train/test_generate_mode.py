@@ -230,11 +230,13 @@ def test_block_token_intake_equals_taking_tokens_one_by_one(shop, action_policy)
     engine = _engine(shop, action_policy, steps=4)
     agent, rng = engine.agent, np.random.default_rng(0)
     paths = {"block": 0, "one by one": 0}
-    vocab = [*range(3, 40), *sorted(agent.closing_ids), *sorted(agent.stop_token_ids)]
+    plain = [t for t in range(engine.model_config.vocab_size) if not engine._can_end[t]]
+    special = sorted(agent.closing_ids | agent.stop_token_ids)
+    vocab = [*plain[:60], *special[:6]]
     for trial in range(20):
         rows, n = 16, int(rng.integers(1, 6))
         turn = TurnTokens(rows, engine.max_new_tokens + n + 1)
-        start = [[int(t) for t in rng.choice(range(3, 40), int(rng.integers(0, engine.max_new_tokens)))]
+        start = [[int(t) for t in rng.choice(plain[:60], int(rng.integers(0, engine.max_new_tokens)))]
                  for _ in range(rows)]
         for r, tokens in enumerate(start):
             turn.put(r, tokens)
