@@ -45,6 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--members", type=int, default=32, help="N (even: antithetic pairs)")
     p.add_argument("--goals", type=int, default=16, help="train goals per member (the same for every member)")
     p.add_argument("--temperature", type=float, default=0.0, help="training replies (0: greedy)")
+    p.add_argument("--unperturbed-turns", type=int, default=0,
+                   help="first turns of each episode written with the centre's θ by every member")
     p.add_argument("--estimates", type=int, default=2, help="independent cohorts (noise version and goals)")
     p.add_argument("--first", type=int, default=1, help="noise version / goal seed of the first estimate")
     p.add_argument("--etas", default="0.0005,0.001,0.002", help="step sizes η (θ + η g); '': reliability only")
@@ -87,7 +89,8 @@ def main(argv=None) -> None:
     def run(episodes: list[dict], params_at) -> list:
         engine = GenerateEngine(InProcessEnvPool(shop, len(episodes)), agent, policy.config, config.noise,
                                 lambda v: args.sigma, MAX_STEPS, Sampling(args.temperature, 1.0, 0),
-                                MAX_REPLY_TOKENS, 4, max_prompt_tokens=MAX_PROMPT_TOKENS)
+                                MAX_REPLY_TOKENS, 4, max_prompt_tokens=MAX_PROMPT_TOKENS,
+                                unperturbed_turns=args.unperturbed_turns)
         for episode in episodes:
             engine.start(**episode)
         done = []
@@ -132,6 +135,7 @@ def main(argv=None) -> None:
         pairs = fitness[0::2] - fitness[1::2]
         record = {"estimate": estimate, "scope": args.scope, "sigma": args.sigma, "members": args.members,
                   "goals": args.goals, "temperature": args.temperature, "eval_goals": len(evals),
+                  "unperturbed_turns": args.unperturbed_turns, "policy": str(args.policy),
                   "split_half_reliability": reliability,
                   "fitness_mean": fitness.mean(), "fitness_std": fitness.std(), "mean_abs_pair_difference":
                   np.abs(pairs).mean(), "direction_norm": norm, "entries": entries, "centre": 100 * reward[0].mean(),

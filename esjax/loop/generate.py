@@ -132,6 +132,9 @@ class GenerateEngine(RolloutEngine):
       max_new_tokens: longest reply of one turn.
       decode_steps: decode steps per tick.
       max_prompt_tokens: the agent's prompt limit (sizes the decode lanes).
+      unperturbed_turns: an episode's first turns written with the version's own θ even by a training member (its
+        ES member applies from the next turn on): every member of a version then sees the same first pages, so the
+        members differ only by the decisions after them (0: every turn perturbed).
       pipelined: as soon as a lane's tokens are read, the rows whose turn ended there step the env and build
         their next prompts on the host worker thread while the loop's thread reads the next lanes (False: every
         ended row steps at the end of the tick, on the loop's thread). The same env steps, prompts and tokens
@@ -141,13 +144,14 @@ class GenerateEngine(RolloutEngine):
     def __init__(self, pool: EnvPool, agent: GeneratingAgent, model_config: ModelConfig, noise: NoiseSpec,
                  sigma_at: Callable[[int], float], max_steps: int, sampling: Sampling, max_new_tokens: int,
                  decode_steps: int = 1, max_prompt_tokens: int = 1024, step_timeout: float | None = None,
-                 pipelined: bool = True):
+                 pipelined: bool = True, unperturbed_turns: int = 0):
         super().__init__(pool, agent, model_config, noise, sigma_at, max_steps, sampling.temperature,
                          step_timeout=step_timeout, pipelined=pipelined)
         if max_new_tokens < 1 or decode_steps < 1:
             raise ValueError(f"generate: need max_new_tokens >= 1 and decode_steps >= 1, got {max_new_tokens}, "
                              f"{decode_steps}")
         self.sampling = sampling
+        self.unperturbed_turns = unperturbed_turns
         self.max_new_tokens = max_new_tokens
         self.decode_steps = decode_steps
         longest_prefill = PREFILL_BUCKETS.length(max_prompt_tokens + max_new_tokens)
@@ -218,7 +222,8 @@ class GenerateEngine(RolloutEngine):
     # ------------------------------------------------------------------------------------------- one tick
     def _state(self, episode: GenEpisode) -> RowState:
         lo, hi = split_seed(turn_seed(episode.sampling_seed, episode.position, episode.turn))
-        return RowState((episode.version, episode.index, episode.kind == "train"), lo, hi, episode.greedy,
+        perturbed = episode.kind == "train" and episode.turn >= self.unperturbed_turns
+        return RowState((episode.version, episode.index, perturbed), lo, hi, episode.greedy,
                         count=len(episode.tokens))
 
     def _lane(self, version: int, dtype: Any, rows: int) -> Lane:
