@@ -17,9 +17,8 @@ invalid action.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -77,11 +76,9 @@ class GenerateAgent:
         #: tokens whose text holds a ']' (only after one can a reply hold a complete action)
         self.closing_ids = frozenset(int(i) for tok, i in vocab.items() if "]" in tok)
         # Prompts recur (a version's members play the same goals: their first turns, and later ones where they
-        # acted alike) and tokenising a ~2,000-character chat prompt costs ~0.5-1 ms: ids kept by text, least
-        # recently used dropped (a prompt of 384 ids is ~15 kB, so at most ~60 MB). The loop's thread and the
-        # host worker both build prompts: the cache has a lock.
-        self._prompt_cache: OrderedDict[str, list[int]] = OrderedDict()
-        self._prompt_lock = threading.Lock()
+        # acted alike) and tokenising a ~2,000-character chat prompt costs ~1 ms: ids kept by text, least
+        # recently used dropped (a prompt of 384 ids is ~15 kB, so at most ~60 MB)
+        self.encode_prompt = functools.lru_cache(maxsize=PROMPT_CACHE)(self._encode_prompt)
 
     # -------------------------------------------------------------------------------------------- prompts
     def messages(self, observation: str, available: Mapping[str, Any], memory: GenMemory) -> list[dict[str, str]]:
@@ -107,36 +104,12 @@ class GenerateAgent:
 
     def prompt_ids(self, observation: str, available: Mapping[str, Any], memory: GenMemory) -> list[int]:
         """The turn's prompt ids (a shared list: do not modify)."""
-        return self.encode_prompts([self.prompt_text(observation, available, memory)])[0]
+        return self.encode_prompt(self.prompt_text(observation, available, memory))
 
-    def prompt_ids_many(self, turns: Sequence[tuple[str, Mapping[str, Any], GenMemory]]) -> list[list[int]]:
-        """:meth:`prompt_ids` of several turns ``(observation, available, memory)``, tokenised in one batch."""
-        return self.encode_prompts([self.prompt_text(*turn) for turn in turns])
-
-    def encode_prompt(self, text: str) -> list[int]:
-        return self.encode_prompts([text])[0]
-
-    def encode_prompts(self, texts: Sequence[str]) -> list[list[int]]:
-        """Rendered prompts' ids within ``max_prompt_tokens`` (head and tail kept), from the cache or tokenised
-        together (an HF tokenizer encodes a batch on its own threads, without holding the GIL)."""
-        with self._prompt_lock:
-            found = {t: self._prompt_cache[t] for t in texts if t in self._prompt_cache}
-            for text in found:
-                self._prompt_cache.move_to_end(text)
-        missing = list(dict.fromkeys(t for t in texts if t not in found))
-        if missing:
-            if hasattr(self.tokenizer, "encode_batch"):
-                encoded = [e.ids for e in self.tokenizer.encode_batch(missing, add_special_tokens=False)]
-            else:
-                encoded = [self.tokenizer.encode(t, add_special_tokens=False).ids for t in missing]
-            with self._prompt_lock:
-                for text, ids in zip(missing, encoded):
-                    found[text] = self._prompt_cache[text] = self._within_budget(list(ids))
-                while len(self._prompt_cache) > PROMPT_CACHE:
-                    self._prompt_cache.popitem(last=False)
-        return [found[t] for t in texts]
-
-    def _within_budget(self, ids: list[int]) -> list[int]:
+    def _encode_prompt(self, text: str) -> list[int]:
+        """A rendered prompt's ids within ``max_prompt_tokens`` (head and tail kept); ``encode_prompt`` is this,
+        cached by text."""
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
         limit = self.max_prompt_tokens
         if len(ids) > limit:
             head = limit // 2

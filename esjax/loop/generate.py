@@ -256,7 +256,6 @@ class GenerateEngine(RolloutEngine):
             turn = self.turn_tokens[version]
             t0 = time.perf_counter()
             entries, starting = [], []
-            self._build_prompts([e for e in group if e.needs_prefill and e.prompt is None])
             for episode in group:
                 if not episode.needs_prefill:
                     continue
@@ -265,7 +264,7 @@ class GenerateEngine(RolloutEngine):
                 self.lane_row[episode.row] = (version, slot)
                 self.in_lane[version, slot] = episode
                 episode.needs_prefill = False
-                ids = episode.prompt
+                ids = self._prompt(episode)
                 episode.prompt_len = len(ids)
                 entries.append((slot, ids + episode.tokens, self._state(episode)))
                 starting.append((slot, episode))
@@ -307,14 +306,11 @@ class GenerateEngine(RolloutEngine):
             self._retire_if_over(episode, finished)
         return finished, stats
 
-    def _build_prompts(self, episodes: list[GenEpisode]) -> None:
-        """Their turns' prompt ids, tokenised in one batch and kept for the turn (a pipelined tick builds them on
-        the host worker as soon as the env has stepped; the tick builds the others before its prefills)."""
-        waiting = [e for e in episodes if e.prompt is None]
-        if waiting:
-            prompts = self.agent.prompt_ids_many([(e.observation, e.available, e.memory) for e in waiting])
-            for episode, ids in zip(waiting, prompts):
-                episode.prompt = ids
+    def _prompt(self, episode: GenEpisode) -> list[int]:
+        """The turn's prompt ids: built early by a pipelined tick, or now (and kept for the turn)."""
+        if episode.prompt is None:
+            episode.prompt = self.agent.prompt_ids(episode.observation, episode.available, episode.memory)
+        return episode.prompt
 
     def _read_tokens(self, version: int, lane: Lane, turn: TurnTokens,
                      starting: list[tuple[int, GenEpisode]], first: Any, out: Any, stats: GenTickStats
@@ -415,6 +411,8 @@ class GenerateEngine(RolloutEngine):
                 episode.done, episode.reward, episode.info = True, float(reward), info
         if prepare_next:
             t0 = time.perf_counter()
-            self._build_prompts([e for e, _, _ in turns if not e.done and e.steps < self.max_steps])
+            for episode, _, _ in turns:
+                if not episode.done and episode.steps < self.max_steps:
+                    self._prompt(episode)
             stats.prepare_s += time.perf_counter() - t0
 

@@ -95,10 +95,6 @@ class GeneratingAgent(Protocol):
         """Prompt token ids of one turn."""
         ...
 
-    def prompt_ids_many(self, turns: Sequence[tuple[str, dict[str, Any], Any]]) -> list[list[int]]:
-        """:meth:`prompt_ids` of several turns ``(observation, available, memory)`` at once."""
-        ...
-
     def decode(self, ids: Sequence[int]) -> str:
         """The text of reply tokens (stop tokens left out)."""
         ...

@@ -119,30 +119,3 @@ def test_an_unknown_embedded_policy_is_a_clear_error():
 
     with pytest.raises(ValueError, match="model.embedded"):
         load_policy("embedded", embedded="writer")
-
-
-def test_prompts_tokenised_in_a_batch_equal_one_by_one_and_the_cache_is_bounded(monkeypatch):
-    """Generate mode tokenises the turns that start together in one batch: the same ids as one prompt at a time
-    (duplicates, long prompts cut to head and tail), whether cached or not; the cache keeps its bound."""
-    from envs.webshop_bridge import WebShopTextEnv, load_webshop
-    from esjax.agent import react
-    from esjax.agent.policy import load_policy
-
-    shop = load_webshop(recipe.DATA, seed=recipe.CATALOG_SEED)
-    policy = load_policy("embedded", embedded="generate")
-    one_by_one = recipe.generate_agent(policy)
-    turns = []
-    for goal in list(shop.split("train"))[:4]:
-        env = WebShopTextEnv(shop)
-        observation, _ = env.reset(goal)
-        turns.append((observation, env.available_actions(), one_by_one.new_memory(env.instruction)))
-        observation, *_ = env.step(f"search[{env.goal.instruction_text}]")
-        turns.append((observation, env.available_actions(), turns[-1][2]))
-    turns.append(turns[1])
-    want = [one_by_one.prompt_ids(*turn) for turn in turns]
-    assert max(map(len, want)) == one_by_one.max_prompt_tokens  # a results page is cut to head and tail
-    monkeypatch.setattr(react, "PROMPT_CACHE", 3)
-    batched = recipe.generate_agent(policy)
-    assert batched.prompt_ids_many(turns[:2]) == want[:2]
-    assert batched.prompt_ids_many(turns) == want  # two cached, the others tokenised together
-    assert len(batched._prompt_cache) == 3
