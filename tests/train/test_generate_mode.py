@@ -274,6 +274,27 @@ def test_episodes_are_deterministic_and_members_share_the_sampling_stream(shop, 
     assert noisy[("train", 0, 0)][0] != noisy[("train", 1, 0)][0]
 
 
+def test_unperturbed_first_turns_are_the_versions_own_and_later_turns_the_members(shop, action_policy):
+    """``unperturbed_turns=1``: every training member writes its first turn with θ itself (the same reply as the
+    unperturbed policy under the same keys), and its member applies from the second turn on."""
+    starts = [_member(i) for i in range(4)]
+    params = action_policy.params
+
+    def engine(sigma, unperturbed):
+        e = _engine(shop, action_policy, rows=4, sigma=sigma)
+        e.unperturbed_turns = unperturbed
+        return e
+
+    centre = _run(engine(0.0, 0), starts, params)
+    perturbed = _run(engine(0.5, 0), starts, params)
+    first_fixed = _run(engine(0.5, 1), starts, params)
+    firsts = lambda runs: [runs["train", i, 0][0][0] for i in range(4)]
+    assert firsts(first_fixed) == firsts(centre)
+    assert firsts(perturbed) != firsts(centre)  # σ 0.5 changes first turns when they are perturbed
+    later = lambda runs: [runs["train", i, 0][0][1:] for i in range(4)]
+    assert later(first_fixed) != later(centre)  # the members act from the second turn on
+
+
 def test_invalid_actions_are_noops_and_counted(shop, hf_policy):
     engine = _engine(shop, hf_policy, rows=2)
     episode = engine.start(**_member(0))
