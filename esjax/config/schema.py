@@ -401,6 +401,10 @@ class AgentSection(_Section):
     reasoning: bool = Field(False, description="generate mode: ask for 'Thought: ...' then 'Action: ...' (ReAct)")
     decode_steps: int = Field(1, ge=1, le=1024, description="generate mode: decode steps per tick (more: fewer host "
                                                           "round trips, more steps wasted after a reply completes)")
+    unperturbed_turns: int = Field(
+        0, ge=0, le=1_000_000, description="generate mode: an episode's first turns that every training member "
+                                           "writes with θ itself (its ES member applies from the next turn): the "
+                                           "members then share their first pages, e.g. 1 = one search per task")
 
 
 class MeshSection(_Section):

@@ -183,7 +183,7 @@ def build_engine(a: AgentSection, pool: EnvPool, agent: WebShopAgent | GenerateA
 
         return GenerateEngine(pool, agent, policy.config, es_config.noise, sigma_at, max_steps,
                               Sampling(a.temperature, a.top_p, a.top_k), a.max_new_tokens, a.decode_steps,
-                              a.max_prompt_tokens, step_timeout=step_timeout)
+                              a.max_prompt_tokens, step_timeout=step_timeout, unperturbed_turns=a.unperturbed_turns)
     return RolloutEngine(pool, agent, policy.config, es_config.noise, sigma_at, max_steps, a.temperature,
                          step_timeout=step_timeout)
 
