@@ -280,7 +280,8 @@ class GenerateEngine(RolloutEngine):
             out = lane.decode(params, self.noise, sigma, steps, prefilled=first is not None)
             stats.decode_cpu_s += time.thread_time() - cpu
             stats.model_s += time.perf_counter() - t0
-            pending.append((version, lane, turn, len(group), starting, first, out))
+            pending.append((version, lane, turn, starting, first, out))
+            stats.model_rows += len(group)
             stats.calls += 1 + (first is not None)
             stats.prefill_rows += len(entries)
             stats.decode_steps += steps
@@ -289,7 +290,7 @@ class GenerateEngine(RolloutEngine):
         ended: list[GenEpisode] = []
         turns: list[tuple[GenEpisode, list[int]]] = []  # (episode, reply tokens) of the turns not yet stepped
         with self._host_jobs(stats) as jobs:
-            for version, lane, turn, _, starting, first, out in pending:
+            for version, lane, turn, starting, first, out in pending:
                 t0, cpu = time.perf_counter(), time.thread_time()
                 lane_ended = self._read_tokens(version, lane, turn, starting, first, out, stats)
                 stats.decode_cpu_s += time.thread_time() - cpu
@@ -300,7 +301,6 @@ class GenerateEngine(RolloutEngine):
                     jobs.submit(self._step_turns, turns, jobs.stats, True)
                     turns = []
         self._step_turns(turns, stats, prepare_next=False)
-        stats.model_rows = sum(p[3] for p in pending)
         finished: list[Episode] = []
         for episode in ended:  # in the serial tick's order: freed rows are reused in it
             self._retire_if_over(episode, finished)
