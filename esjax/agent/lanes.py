@@ -161,10 +161,11 @@ class Lane:
     Rows not live hold token 0, position 0, count 0, seed 0, greedy and no member.
     """
 
-    #: per-row host fields and their dtypes (``greedy`` is True for rows not live)
+    #: per-row host fields and their dtypes (``greedy`` is True for rows not live; ``reserved``: handed out by
+    #: :meth:`free_row`, not yet prefilled)
     _FIELDS = {"cur": np.int32, "pos": np.int32, "count": np.int32, "lo": np.uint32, "hi": np.uint32,
-               "greedy": bool, "live": bool, "start": np.int64, "version": np.int32, "index": np.int32,
-               "perturbed": bool}
+               "greedy": bool, "live": bool, "reserved": bool, "start": np.int64, "version": np.int32,
+               "index": np.int32, "perturbed": bool}
 
     def __init__(self, config: ModelConfig, rows: int, length: int, dtype: Any, sampling: Sampling):
         self.config = config
@@ -174,7 +175,6 @@ class Lane:
         self.cache = init_cache(config, rows, length, dtype)
         self.index = 0  # the host's copy of cache['index']
         self.row = {name: self._blank(name, rows) for name in self._FIELDS}
-        self._reserved = np.zeros(rows, bool)  # rows handed out by free_row, not yet prefilled
         self._prepared_members: tuple[np.ndarray, ...] | None = None
         self._prepared: Prepared | None = None
         self._cur: jax.Array | None = None  # next tokens after a prefill (device)
@@ -197,7 +197,7 @@ class Lane:
     def free_row(self) -> int:
         """Reserve the lowest lane row neither live nor reserved (the caller prefills it next), growing the lane
         (doubling its rows) when it is full."""
-        free = ~(self.row["live"] | self._reserved)
+        free = ~(self.row["live"] | self.row["reserved"])
         if free.any():
             r = int(np.argmax(free))
         else:
@@ -207,16 +207,14 @@ class Lane:
             self.cache = {"k": grow(self.cache["k"], 1), "v": grow(self.cache["v"], 1),
                           "valid": grow(self.cache["valid"], 0), "index": self.cache["index"]}
             self.row = {name: np.concatenate([values, self._blank(name, old)]) for name, values in self.row.items()}
-            self._reserved = np.concatenate([self._reserved, np.zeros(old, bool)])
             self._prepared_members = None
-        self._reserved[r] = True
+        self.row["reserved"][r] = True
         return r
 
     def release(self, row: int) -> None:
         if row < self.rows:
             for name, values in self.row.items():
                 values[row] = name == "greedy"
-            self._reserved[row] = False
 
     def _perturbation(self, noise, sigma: float, params: Any, versions: Any, indices: Any, perturbed: Any
                       ) -> Prepared | None:
@@ -271,7 +269,7 @@ class Lane:
         lengths = np.array([len(ids) for _, ids, _ in entries], np.int64)
         row = self.row
         row["live"][rows] = True
-        self._reserved[rows] = False
+        row["reserved"][rows] = False
         row["start"][rows] = self.index - lengths
         row["pos"][rows] = lengths
         row["count"][rows] = counts[:n] + 1

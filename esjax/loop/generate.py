@@ -245,9 +245,7 @@ class GenerateEngine(RolloutEngine):
         for episode in episodes:
             versions.setdefault(episode.version, []).append(episode)
         for version in [v for v in self.lanes if v not in versions]:
-            del self.lanes[version], self.turn_tokens[version]
-            for where in [w for w in self.in_lane if w[0] == version]:
-                del self.in_lane[where]
+            del self.lanes[version], self.turn_tokens[version]  # its rows were released when their turns ended
         steps = self.decode_steps
         pending = []
         for version, group in sorted(versions.items()):

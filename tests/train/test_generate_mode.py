@@ -193,7 +193,7 @@ def shop():
     return load_webshop("webshop_small")
 
 
-def _engine(shop, policy, rows=4, sigma=0.0, spec=None, max_steps=3, temperature=1.0, steps=2):
+def _engine(shop, policy, rows=4, sigma=0.0, spec=None, max_steps=3, temperature=1.0, steps=2, unperturbed_turns=0):
     from envs.webshop_bridge import InProcessEnvPool
     from esjax.config import load_config
     from esjax.loop.generate import GenerateEngine
@@ -203,7 +203,7 @@ def _engine(shop, policy, rows=4, sigma=0.0, spec=None, max_steps=3, temperature
     agent = build_generate_agent(config.agent, policy)
     return GenerateEngine(InProcessEnvPool(shop, rows), agent, policy.config, spec or NoiseSpec(seed=0, rank=1),
                           lambda v: sigma, max_steps, Sampling(temperature, 0.9, 20), max_new_tokens=6,
-                          decode_steps=steps, max_prompt_tokens=256)
+                          decode_steps=steps, max_prompt_tokens=256, unperturbed_turns=unperturbed_turns)
 
 
 def _run(engine, starts, params):
@@ -281,9 +281,7 @@ def test_unperturbed_first_turns_are_the_versions_own_and_later_turns_the_member
     params = action_policy.params
 
     def engine(sigma, unperturbed):
-        e = _engine(shop, action_policy, rows=4, sigma=sigma)
-        e.unperturbed_turns = unperturbed
-        return e
+        return _engine(shop, action_policy, rows=4, sigma=sigma, unperturbed_turns=unperturbed)
 
     centre = _run(engine(0.0, 0), starts, params)
     perturbed = _run(engine(0.5, 0), starts, params)
