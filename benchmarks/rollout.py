@@ -205,7 +205,7 @@ class SimulatedLaneDevice(SimulatedDevice):
     device taking ``seconds_per_row`` per prefilled row and ``seconds_per_step`` per decode step of a lane (decoding
     is bound by reading the weights once per step, whatever the rows). Every row writes ``reply`` token by token
     (token ``n`` of a turn is ``reply[n]``), so turns end, are parsed and step the env as in a real run; what the
-    policy would write is not simulated."""
+    policy would write is not simulated (nor constrained turns: the choices pass through unchanged)."""
 
     def __init__(self, seconds_per_row: float, seconds_per_step: float, reply: str) -> None:
         super().__init__(seconds_per_row)
@@ -222,15 +222,17 @@ class SimulatedLaneDevice(SimulatedDevice):
     def _tokens(self, counts) -> np.ndarray:
         return self.reply_ids[np.asarray(counts) % len(self.reply_ids)].astype(np.int32)
 
-    def prefill(self, config, sampling, params, prepared, tokens, mask, lo, hi, counts, greedy):
+    def prefill(self, config, sampling, params, prepared, tokens, mask, lo, hi, counts, greedy, choices=None,
+                alive=None):
         self.prefill_rows += tokens.shape[0]
-        return None, None, self._queue(tokens.shape[0] * self.seconds_per_row, self._tokens(counts))
+        return None, None, self._queue(tokens.shape[0] * self.seconds_per_row, self._tokens(counts)), alive
 
-    def decode(self, config, sampling, params, prepared, cache, cur, pos, counts, active, greedy, lo, hi, steps):
+    def decode(self, config, sampling, params, prepared, cache, cur, pos, counts, active, greedy, lo, hi,
+               choices=None, alive=None, *, steps):
         self.decode_calls += 1
         self.decode_steps += steps
         tokens = self._tokens(np.asarray(counts)[:, None] + np.arange(steps)[None, :])
-        return cache, self._queue(steps * self.seconds_per_step, tokens)
+        return cache, self._queue(steps * self.seconds_per_step, tokens), alive
 
     def install(self) -> None:
         import esjax.agent.lanes as lanes

@@ -47,6 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.0, help="training replies (0: greedy)")
     p.add_argument("--unperturbed-turns", type=int, default=0,
                    help="first turns of each episode written with the centre's θ by every member")
+    p.add_argument("--constrain", choices=("none", "clicks"), default="none",
+                   help="clicks: replies on pages without a search bar limited to the page's click actions")
     p.add_argument("--estimates", type=int, default=2, help="independent cohorts (noise version and goals)")
     p.add_argument("--first", type=int, default=1, help="noise version / goal seed of the first estimate")
     p.add_argument("--etas", default="0.0005,0.001,0.002", help="step sizes η (θ + η g); '': reliability only")
@@ -77,7 +79,7 @@ def main(argv=None) -> None:
     )
 
     policy = load_policy("hf", args.policy)
-    agent = generate_agent(policy)
+    agent = generate_agent(policy, constrain=args.constrain)
     shop = load_webshop(DATA, seed=CATALOG_SEED)
     etas = [float(x) for x in args.etas.split(",") if x]
     train = list(shop.split("train"))
@@ -135,7 +137,7 @@ def main(argv=None) -> None:
         pairs = fitness[0::2] - fitness[1::2]
         record = {"estimate": estimate, "scope": args.scope, "sigma": args.sigma, "members": args.members,
                   "goals": args.goals, "temperature": args.temperature, "eval_goals": len(evals),
-                  "unperturbed_turns": args.unperturbed_turns, "policy": str(args.policy),
+                  "unperturbed_turns": args.unperturbed_turns, "constrain": args.constrain, "policy": str(args.policy),
                   "split_half_reliability": reliability,
                   "fitness_mean": fitness.mean(), "fitness_std": fitness.std(), "mean_abs_pair_difference":
                   np.abs(pairs).mean(), "direction_norm": norm, "entries": entries, "centre": 100 * reward[0].mean(),

@@ -55,12 +55,14 @@ MAX_PROMPT_TOKENS = 384
 MAX_REPLY_TOKENS = 64
 
 
-def generate_agent(policy, max_prompt_tokens: int = MAX_PROMPT_TOKENS):
-    """The agent generate mode builds for ``policy`` (chat template, stop tokens, prompt budget)."""
+def generate_agent(policy, max_prompt_tokens: int = MAX_PROMPT_TOKENS, constrain: str = "none"):
+    """The agent generate mode builds for ``policy`` (chat template, stop tokens, prompt budget, constrained
+    clicks or not)."""
     from esjax.config import load_config
     from esjax.train.parts import build_generate_agent
 
-    section = load_config(None, ["agent.mode=generate", f"agent.max_prompt_tokens={max_prompt_tokens}"]).agent
+    section = load_config(None, ["agent.mode=generate", f"agent.max_prompt_tokens={max_prompt_tokens}",
+                                 f"agent.constrain={constrain}"]).agent
     return build_generate_agent(section, policy)
 
 

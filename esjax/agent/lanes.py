@@ -14,6 +14,11 @@ does not fit below it), the cache is **shifted** left by the oldest live row's s
 wrapped slots invalidated), so a lane of ``length`` slots serves rows of any age as long as one turn (prompt +
 generated tokens) fits. Positions (RoPE) are per row and explicit, so a row's slots never affect its numerics.
 
+Constrained turns: a row may carry the token ids of every reply its turn allows (a page's click actions, see
+:meth:`~esjax.agent.react.GenerateAgent.reply_choices`); each of its draws then keeps only the tokens that continue
+a choice still matching the turn so far (grammar-constrained decoding over a list of sequences), on the device,
+inside the same programs. Rows without choices decode freely.
+
 Sampling: row ``r`` draws token ``n`` of a turn with ``fold_in(fold_in(key(lo_r), hi_r), n)``, where
 ``(lo_r, hi_r)`` are the two 32-bit halves of a per-turn seed chosen by the caller (the rollout engine hashes the
 task batch's sampling seed, the task position and the turn): common random numbers across members. Greedy rows
@@ -77,6 +82,50 @@ def sample_rows(logits: jax.Array, keys: jax.Array, counts: jax.Array, greedy: j
     return jnp.where(greedy, best, drawn)
 
 
+def constrain_logits(logits: jax.Array, choices: jax.Array, alive: jax.Array, counts: jax.Array
+                     ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Mask ``logits [B, V]`` to the tokens that continue a live choice: ``choices [B, A, L]`` token ids (-1: past a
+    choice's end), ``alive [B, A]`` choices that match the turn's tokens so far, ``counts [B]`` the index of the
+    token drawn now. Returns the masked logits, each choice's token at ``counts`` ``[B, A]`` and the rows that were
+    constrained ``[B]`` (rows without a live choice keep their logits)."""
+    rows, _, length = choices.shape
+    at = jnp.clip(counts, 0, length - 1)
+    nxt = jnp.take_along_axis(choices, at[:, None, None], axis=2)[..., 0]
+    ok = alive & (nxt >= 0) & (counts < length)[:, None]
+    hits = jnp.zeros(logits.shape, jnp.int32).at[jnp.arange(rows)[:, None], jnp.maximum(nxt, 0)].add(
+        ok.astype(jnp.int32))
+    constrained = ok.any(axis=1)
+    return jnp.where(constrained[:, None] & (hits == 0), -jnp.inf, logits), nxt, constrained
+
+
+def advance_choices(alive: jax.Array, nxt: jax.Array, constrained: jax.Array, tokens: jax.Array) -> jax.Array:
+    """The choices still matching after drawing ``tokens [B]`` (see :func:`constrain_logits`)."""
+    return jnp.where(constrained[:, None], alive & (nxt == tokens[:, None]), alive)
+
+
+def sample_constrained(logits: jax.Array, keys: jax.Array, counts: jax.Array, greedy: jax.Array, sampling: Sampling,
+                       choices: jax.Array | None, alive: jax.Array | None) -> tuple[jax.Array, jax.Array | None]:
+    """:func:`sample_rows` within each row's live choices (none: as it is); returns the tokens and the choices
+    still alive."""
+    if choices is None:
+        return sample_rows(logits, keys, counts, greedy, sampling), alive
+    logits, nxt, constrained = constrain_logits(logits, choices, alive, counts)
+    tokens = sample_rows(logits, keys, counts, greedy, sampling)
+    return tokens, advance_choices(alive, nxt, constrained, tokens)
+
+
+def pack_choices(choices: Sequence[Sequence[int]], partial: Sequence[int], width: int, length: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """One row's choices as ``[width, length]`` ids (-1 padded) and which of them match ``partial`` (the turn's
+    tokens so far)."""
+    ids = np.full((width, length), -1, np.int32)
+    alive = np.zeros(width, bool)
+    for a, choice in enumerate(choices):
+        ids[a, :len(choice)] = choice
+        alive[a] = len(choice) > len(partial) and list(choice[:len(partial)]) == list(partial)
+    return ids, alive
+
+
 def turn_keys(lo: jax.Array, hi: jax.Array) -> jax.Array:
     """Per-row typed keys from two uint32 halves of a 64-bit seed."""
     return jax.vmap(lambda a, b: jax.random.fold_in(jax.random.key(a), b))(lo, hi)
@@ -89,13 +138,14 @@ def split_seed(seed: int) -> tuple[int, int]:
 # ------------------------------------------------------------------------------------------------- programs
 @functools.partial(jax.jit, static_argnames=("config", "sampling"))
 def _prefill(config: ModelConfig, sampling: Sampling, params, prepared: Prepared | None, tokens, mask, lo, hi,
-             counts, greedy):
-    """Prompts ``[n, P]`` (left-padded) into a fresh cache; returns its keys / values and each row's next token."""
+             counts, greedy, choices=None, alive=None):
+    """Prompts ``[n, P]`` (left-padded) into a fresh cache; returns its keys / values, each row's next token and
+    the choices still alive after it (None without choices)."""
     rows, length = tokens.shape
     cache = init_cache(config, rows, length, params["embed"]["embedding"].dtype)
     logits, cache = forward_last(config, params, tokens, default_positions(mask), mask, cache, prepared)
-    first = sample_rows(logits, turn_keys(lo, hi), counts, greedy, sampling)
-    return cache["k"], cache["v"], first
+    first, alive = sample_constrained(logits, turn_keys(lo, hi), counts, greedy, sampling, choices, alive)
+    return cache["k"], cache["v"], first, alive
 
 
 @functools.partial(jax.jit, donate_argnames=("cache",))
@@ -111,6 +161,17 @@ def _insert(cache, k_new, v_new, mask, rows, cur, first):
     return {"k": k, "v": v, "valid": valid, "index": index}, cur.at[rows].set(first, mode="drop")
 
 
+@functools.partial(jax.jit, donate_argnames=("choices", "alive"))
+def _insert_choices(choices, alive, rows, new_choices, new_alive):
+    """Write prefilled rows' choices (lane rows ``rows``; out of range = padding, dropped)."""
+    width, length = new_choices.shape[1:]
+    choices = choices.at[rows, :width, :length].set(new_choices, mode="drop")
+    choices = choices.at[rows, width:].set(-1, mode="drop")
+    choices = choices.at[rows, :, length:].set(-1, mode="drop")
+    alive = alive.at[rows].set(False, mode="drop").at[rows, :width].set(new_alive, mode="drop")
+    return choices, alive
+
+
 @functools.partial(jax.jit, donate_argnames=("cache",))
 def _shift(cache, shift):
     """Move every row's slots ``shift`` to the left (negative: right); slots that wrap around become invalid."""
@@ -122,22 +183,23 @@ def _shift(cache, shift):
             "valid": roll(cache["valid"], 1) & inside[None, :], "index": cache["index"] - shift}
 
 
-@functools.partial(jax.jit, static_argnames=("config", "sampling", "steps"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("config", "sampling", "steps"), donate_argnames=("cache", "alive"))
 def _decode(config: ModelConfig, sampling: Sampling, params, prepared: Prepared | None, cache, cur, pos, counts,
-            active, greedy, lo, hi, *, steps: int):
-    """``steps`` decode steps for every row; returns the cache and the sampled tokens ``[rows, steps]``."""
+            active, greedy, lo, hi, choices=None, alive=None, *, steps: int):
+    """``steps`` decode steps for every row; returns the cache, the sampled tokens ``[rows, steps]`` and the
+    choices still alive (None without choices)."""
     keys = turn_keys(lo, hi)
     mask = active[:, None]
 
     def body(i, state):
-        cache, cur, out = state
+        cache, cur, out, alive = state
         logits, cache = forward(config, params, cur[:, None], (pos + i)[:, None], mask, cache, prepared)
-        tok = sample_rows(logits[:, -1], keys, counts + i, greedy, sampling)
-        return cache, tok, out.at[:, i].set(tok)
+        tok, alive = sample_constrained(logits[:, -1], keys, counts + i, greedy, sampling, choices, alive)
+        return cache, tok, out.at[:, i].set(tok), alive
 
     out = jnp.zeros((cur.shape[0], steps), jnp.int32)
-    cache, _, out = jax.lax.fori_loop(0, steps, body, (cache, cur, out))
-    return cache, out
+    cache, _, out, alive = jax.lax.fori_loop(0, steps, body, (cache, cur, out, alive))
+    return cache, out, alive
 
 
 # ------------------------------------------------------------------------------------------------- the lane
@@ -150,6 +212,7 @@ class RowState:
     hi: int
     greedy: bool
     count: int = 0
+    choices: Sequence[Sequence[int]] | None = None  # a constrained turn: the token ids of every reply it allows
 
 
 class Lane:
@@ -178,6 +241,9 @@ class Lane:
         self._prepared_members: tuple[np.ndarray, ...] | None = None
         self._prepared: Prepared | None = None
         self._cur: jax.Array | None = None  # next tokens after a prefill (device)
+        # constrained turns (device, created by the first): [rows, width, length] reply ids, [rows, width] alive
+        self.choices: jax.Array | None = None
+        self.alive: jax.Array | None = None
 
     def _blank(self, name: str, rows: int) -> np.ndarray:
         return np.full(rows, name == "greedy", self._FIELDS[name])
@@ -208,6 +274,9 @@ class Lane:
                           "valid": grow(self.cache["valid"], 0), "index": self.cache["index"]}
             self.row = {name: np.concatenate([values, self._blank(name, old)]) for name, values in self.row.items()}
             self._prepared_members = None
+            if self.choices is not None:
+                self.choices = jnp.concatenate([self.choices, jnp.full_like(self.choices, -1)])
+                self.alive = jnp.concatenate([self.alive, jnp.zeros_like(self.alive)])
         self.row["reserved"][r] = True
         return r
 
@@ -262,10 +331,15 @@ class Lane:
         lo, hi = pad((s.lo for s in states), 0, np.uint32), pad((s.hi for s in states), 0, np.uint32)
         counts = pad((s.count for s in states), 0, np.int32)
         greedy = pad((s.greedy for s in states), True, bool)
-        k_new, v_new, first = _prefill(self.config, self.sampling, params, prepared, tokens, mask, lo, hi, counts,
-                                       greedy)
+        choices, alive = self._pack_choices(entries, n_b)
+        k_new, v_new, first, alive = _prefill(self.config, self.sampling, params, prepared, tokens, mask, lo, hi,
+                                              counts, greedy, choices, alive)
         into = pad(rows, self.rows, np.int32)  # out of range: dropped
         self.cache, self._cur = _insert(self.cache, k_new, v_new, mask, into, self._vector("cur"), first)
+        if self.choices is not None:
+            if choices is None:  # free turns only: clear what earlier turns of these rows left
+                choices, alive = np.full((n_b, 1, 1), -1, np.int32), np.zeros((n_b, 1), bool)
+            self.choices, self.alive = _insert_choices(self.choices, self.alive, into, choices, alive)
         lengths = np.array([len(ids) for _, ids, _ in entries], np.int64)
         row = self.row
         row["live"][rows] = True
@@ -278,6 +352,31 @@ class Lane:
                              ("perturbed", perturbed)):
             row[name][rows] = values[:n]
         return first[:n]
+
+    def _pack_choices(self, entries: Sequence[tuple[int, list[int], RowState]], n_b: int
+                      ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The starting rows' choices ``[n_b, width, length]`` and which match each row's partial turn (None when
+        no row is constrained); grows the lane's choice arrays to hold them (created by the first)."""
+        lists = [state.choices or () for _, _, state in entries]
+        if not any(lists):
+            return None, None
+        width = max(self.choices.shape[1] if self.choices is not None else 16, next_power_of_two(max(map(len, lists))))
+        length = max(self.choices.shape[2] if self.choices is not None else 16,
+                     next_power_of_two(max(len(c) for choices in lists for c in choices)))
+        if self.choices is None:
+            self.choices = jnp.full((self.rows, width, length), -1, jnp.int32)
+            self.alive = jnp.zeros((self.rows, width), bool)
+        elif self.choices.shape[1:] != (width, length):
+            old_w, old_l = self.choices.shape[1:]
+            self.choices = jnp.pad(self.choices, ((0, 0), (0, width - old_w), (0, length - old_l)), constant_values=-1)
+            self.alive = jnp.pad(self.alive, ((0, 0), (0, width - old_w)))
+        ids = np.full((n_b, width, length), -1, np.int32)
+        alive = np.zeros((n_b, width), bool)
+        for i, ((_, prompt, state), choices) in enumerate(zip(entries, lists)):
+            if choices:
+                partial = prompt[len(prompt) - state.count:] if state.count else []
+                ids[i], alive[i] = pack_choices(choices, partial, width, length)
+        return ids, alive
 
     def _vector(self, name: str) -> np.ndarray:
         """A copy of one per-row field for a jitted call (the call may read it after the host changed the field)."""
@@ -295,9 +394,10 @@ class Lane:
             self._prepared = self._perturbation(noise, sigma, params, *members)
             self._prepared_members = tuple(m.copy() for m in members)
         cur = self._cur if prefilled else self._vector("cur")
-        self.cache, out = _decode(self.config, self.sampling, params, self._prepared, self.cache, cur,
-                                  self._vector("pos"), self._vector("count"), self._vector("live"),
-                                  self._vector("greedy"), self._vector("lo"), self._vector("hi"), steps=steps)
+        self.cache, out, self.alive = _decode(self.config, self.sampling, params, self._prepared, self.cache, cur,
+                                              self._vector("pos"), self._vector("count"), self._vector("live"),
+                                              self._vector("greedy"), self._vector("lo"), self._vector("hi"),
+                                              self.choices, self.alive, steps=steps)
         self.index += steps
         live = row["live"]
         row["pos"][live] += steps
@@ -308,17 +408,20 @@ class Lane:
 def generate_rows(config: ModelConfig, params: Any, prompts: Sequence[Sequence[int]], *, noise=None,
                   sigma: float = 0.0, members: Sequence[tuple[int, int, bool]] | None = None,
                   max_new_tokens: int = 16, sampling: Sampling = Sampling(), seeds: Sequence[int] | None = None,
-                  greedy: Sequence[bool] | None = None, steps: int = 1, stop_ids: Sequence[int] = ()
-                  ) -> list[list[int]]:
+                  greedy: Sequence[bool] | None = None, steps: int = 1, stop_ids: Sequence[int] = (),
+                  choices: Sequence[Sequence[Sequence[int]] | None] | None = None) -> list[list[int]]:
     """Generate up to ``max_new_tokens`` for each prompt through one lane (each row with its own member); a row
-    ends after a token in ``stop_ids`` (included). ``seeds``: one 64-bit turn seed per row (default: the row)."""
+    ends after a token in ``stop_ids`` (included). ``seeds``: one 64-bit turn seed per row (default: the row);
+    ``choices``: per row, the replies its turn allows (None: free)."""
     n = len(prompts)
     seeds = list(range(n)) if seeds is None else list(seeds)
     members = list(members or [(0, 0, False)] * n)
     greedy = list(greedy or [False] * n)
     lane = Lane(config, next_power_of_two(n), PREFILL_BUCKETS.length(max(map(len, prompts))) + max_new_tokens + steps,
                 params["embed"]["embedding"].dtype, sampling)
-    entries = [(r, list(p), RowState(members[r], *split_seed(seeds[r]), greedy[r])) for r, p in enumerate(prompts)]
+    choices = list(choices or [None] * n)
+    entries = [(r, list(p), RowState(members[r], *split_seed(seeds[r]), greedy[r], choices=choices[r]))
+               for r, p in enumerate(prompts)]
     first = np.asarray(lane.prefill(params, noise, sigma, entries, steps))
     outs = [[int(t)] for t in first]
     lane.set_next(np.arange(n), first)

@@ -12,6 +12,11 @@ names, canonical lower-case output). Text without one is sent to the env as it i
 env treats anything it cannot parse, and any click on something not clickable, as a no-op (reward 0, page
 unchanged, ``info['valid'] = False``); the next prompt then carries a feedback line and the engine counts the
 invalid action.
+
+**Constrained clicks** (``constrain='clicks'``): on a page without a search bar the reply can only be one of the
+page's click actions: :meth:`GenerateAgent.reply_choices` gives their token ids and the decode lanes keep, at each
+token, only those that continue one of them (the model still writes the reply token by token from its own
+distribution; searches stay free text). No reply is then invalid on such a page.
 """
 
 from __future__ import annotations
@@ -61,17 +66,25 @@ class GenerateAgent:
       max_prompt_tokens: longer prompts keep their head and tail (instruction, and the question).
       reasoning: ask for ``Thought: ...`` then ``Action: ...`` instead of the action alone.
       history: how many of the episode's previous actions the prompt lists.
+      constrain: ``'none'``, or ``'clicks'``: replies on pages without a search bar are limited to the page's click
+        actions (see the module docstring).
     """
 
     def __init__(self, tokenizer: Any, chat_template: Callable[[Sequence[Mapping[str, str]]], str] | None = None,
                  stop_token_ids: Sequence[int] = (), max_prompt_tokens: int = 1024, reasoning: bool = False,
-                 history: int = 4):
+                 history: int = 4, constrain: str = "none"):
+        if constrain not in ("none", "clicks"):
+            raise ValueError(f"generate agent: constrain must be 'none' or 'clicks', got {constrain!r}")
+        if constrain != "none" and reasoning:
+            raise ValueError("generate agent: constrained replies hold the action alone; they cannot be combined "
+                             "with reasoning (a 'Thought:' line first)")
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
         self.max_prompt_tokens = max_prompt_tokens
         self.reasoning = reasoning
         self.history = history
+        self.constrain = constrain
         vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
         #: tokens whose text holds a ']' (only after one can a reply hold a complete action)
         self.closing_ids = frozenset(int(i) for tok, i in vocab.items() if "]" in tok)
@@ -79,6 +92,7 @@ class GenerateAgent:
         # acted alike) and tokenising a ~2,000-character chat prompt costs ~1 ms: ids kept by text, least
         # recently used dropped (a prompt of 384 ids is ~15 kB, so at most ~60 MB)
         self.encode_prompt = functools.lru_cache(maxsize=PROMPT_CACHE)(self._encode_prompt)
+        self._reply_ids = functools.lru_cache(maxsize=PROMPT_CACHE)(self._encode_reply)
 
     # -------------------------------------------------------------------------------------------- prompts
     def messages(self, observation: str, available: Mapping[str, Any], memory: GenMemory) -> list[dict[str, str]]:
@@ -117,6 +131,18 @@ class GenerateAgent:
         return ids
 
     # -------------------------------------------------------------------------------------------- replies
+    def reply_choices(self, available: Mapping[str, Any]) -> list[tuple[int, ...]] | None:
+        """The token ids of every reply a constrained turn on this page may write, or None (a free turn: not
+        constrained, or a page with a search bar). Each click comes as ``click[...]`` and as `` click[...]``: a
+        model trained on replies after a space (the embedded policy) and one that starts at once both find theirs."""
+        if self.constrain == "none" or available.get("has_search_bar"):
+            return None
+        return [ids for c in available.get("clickables", []) if c != "search" for ids in self._reply_ids(c)] or None
+
+    def _encode_reply(self, clickable: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        encode = lambda text: tuple(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        return encode(f"click[{clickable}]"), encode(f" click[{clickable}]")
+
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode([int(t) for t in ids if int(t) not in self.stop_token_ids])
 

@@ -224,7 +224,7 @@ class GenerateEngine(RolloutEngine):
         lo, hi = split_seed(turn_seed(episode.sampling_seed, episode.position, episode.turn))
         perturbed = episode.kind == "train" and episode.turn >= self.unperturbed_turns
         return RowState((episode.version, episode.index, perturbed), lo, hi, episode.greedy,
-                        count=len(episode.tokens))
+                        count=len(episode.tokens), choices=self.agent.reply_choices(episode.available))
 
     def _lane(self, version: int, dtype: Any, rows: int) -> Lane:
         lane = self.lanes.get(version)

@@ -95,6 +95,10 @@ class GeneratingAgent(Protocol):
         """Prompt token ids of one turn."""
         ...
 
+    def reply_choices(self, available: dict[str, Any]) -> Sequence[Sequence[int]] | None:
+        """The token ids of every reply a turn on this page may write (constrained decoding), or None: free text."""
+        ...
+
     def decode(self, ids: Sequence[int]) -> str:
         """The text of reply tokens (stop tokens left out)."""
         ...

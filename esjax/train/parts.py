@@ -167,7 +167,8 @@ def build_generate_agent(a: AgentSection, policy: LoadedPolicy) -> GenerateAgent
         if token_id is not None:
             stop.add(int(token_id))
     renderer = policy.chat_renderer() if a.prompt_style != "compact" else None
-    return GenerateAgent(policy.tokenizer, renderer, sorted(stop), a.max_prompt_tokens, a.reasoning)
+    return GenerateAgent(policy.tokenizer, renderer, sorted(stop), a.max_prompt_tokens, a.reasoning,
+                         constrain=a.constrain)
 
 
 def build_engine(a: AgentSection, pool: EnvPool, agent: WebShopAgent | GenerateAgent, policy: LoadedPolicy,
