@@ -47,8 +47,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.0, help="training replies (0: greedy)")
     p.add_argument("--unperturbed-turns", type=int, default=0,
                    help="first turns of each episode written with the centre's θ by every member")
-    p.add_argument("--constrain", choices=("none", "clicks"), default="none",
-                   help="clicks: replies on pages without a search bar limited to the page's click actions")
+    p.add_argument("--constrain", choices=("none", "clicks", "all"), default="none",
+                   help="clicks: replies on pages without a search bar limited to the page's click actions; all: "
+                        "searches also limited to a word prefix of the instruction")
     p.add_argument("--estimates", type=int, default=2, help="independent cohorts (noise version and goals)")
     p.add_argument("--first", type=int, default=1, help="noise version / goal seed of the first estimate")
     p.add_argument("--etas", default="0.0005,0.001,0.002", help="step sizes η (θ + η g); '': reliability only")

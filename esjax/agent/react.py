@@ -13,10 +13,12 @@ env treats anything it cannot parse, and any click on something not clickable, a
 unchanged, ``info['valid'] = False``); the next prompt then carries a feedback line and the engine counts the
 invalid action.
 
-**Constrained clicks** (``constrain='clicks'``): on a page without a search bar the reply can only be one of the
-page's click actions: :meth:`GenerateAgent.reply_choices` gives their token ids and the decode lanes keep, at each
-token, only those that continue one of them (the model still writes the reply token by token from its own
-distribution; searches stay free text). No reply is then invalid on such a page.
+**Constrained decoding** (``constrain``): :meth:`GenerateAgent.reply_choices` gives the token ids of every reply
+a turn may write and the decode lanes keep, at each token, only those that continue one of them (the model still
+writes the reply token by token from its own distribution). ``'clicks'``: on a page without a search bar the reply
+is one of the page's click actions, so no click is invalid; searches stay free text. ``'all'``: also a search
+copies the instruction: ``search[...]`` holds a word prefix of the instruction, from its start or from after a
+leading "Find me" (the model decides where the query ends), so no search is garbled.
 """
 
 from __future__ import annotations
@@ -66,15 +68,15 @@ class GenerateAgent:
       max_prompt_tokens: longer prompts keep their head and tail (instruction, and the question).
       reasoning: ask for ``Thought: ...`` then ``Action: ...`` instead of the action alone.
       history: how many of the episode's previous actions the prompt lists.
-      constrain: ``'none'``, or ``'clicks'``: replies on pages without a search bar are limited to the page's click
-        actions (see the module docstring).
+      constrain: ``'none'``; ``'clicks'``: replies on pages without a search bar are limited to the page's click
+        actions; ``'all'``: searches are also limited to copying a prefix of the instruction (module docstring).
     """
 
     def __init__(self, tokenizer: Any, chat_template: Callable[[Sequence[Mapping[str, str]]], str] | None = None,
                  stop_token_ids: Sequence[int] = (), max_prompt_tokens: int = 1024, reasoning: bool = False,
                  history: int = 4, constrain: str = "none"):
-        if constrain not in ("none", "clicks"):
-            raise ValueError(f"generate agent: constrain must be 'none' or 'clicks', got {constrain!r}")
+        if constrain not in ("none", "clicks", "all"):
+            raise ValueError(f"generate agent: constrain must be 'none', 'clicks' or 'all', got {constrain!r}")
         if constrain != "none" and reasoning:
             raise ValueError("generate agent: constrained replies hold the action alone; they cannot be combined "
                              "with reasoning (a 'Thought:' line first)")
@@ -93,6 +95,7 @@ class GenerateAgent:
         # recently used dropped (a prompt of 384 ids is ~15 kB, so at most ~60 MB)
         self.encode_prompt = functools.lru_cache(maxsize=PROMPT_CACHE)(self._encode_prompt)
         self._reply_ids = functools.lru_cache(maxsize=PROMPT_CACHE)(self._encode_reply)
+        self._search_ids = functools.lru_cache(maxsize=PROMPT_CACHE)(self._encode_searches)
 
     # -------------------------------------------------------------------------------------------- prompts
     def messages(self, observation: str, available: Mapping[str, Any], memory: GenMemory) -> list[dict[str, str]]:
@@ -131,17 +134,29 @@ class GenerateAgent:
         return ids
 
     # -------------------------------------------------------------------------------------------- replies
-    def reply_choices(self, available: Mapping[str, Any]) -> list[tuple[int, ...]] | None:
-        """The token ids of every reply a constrained turn on this page may write, or None (a free turn: not
-        constrained, or a page with a search bar). Each click comes as ``click[...]`` and as `` click[...]``: a
-        model trained on replies after a space (the embedded policy) and one that starts at once both find theirs."""
-        if self.constrain == "none" or available.get("has_search_bar"):
+    def reply_choices(self, available: Mapping[str, Any], memory: GenMemory) -> list[tuple[int, ...]] | None:
+        """The token ids of every reply a constrained turn on this page may write, or None (a free turn). Each
+        action comes as ``action`` and as `` action``: a model trained on replies after a space (the embedded
+        policy) and one that starts at once both find theirs."""
+        if self.constrain == "none":
             return None
+        if available.get("has_search_bar"):
+            return list(self._search_ids(memory.instruction)) if self.constrain == "all" else None
         return [ids for c in available.get("clickables", []) if c != "search" for ids in self._reply_ids(c)] or None
 
-    def _encode_reply(self, clickable: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def _encode_reply(self, clickable: str) -> tuple[tuple[int, ...], ...]:
+        return self._both_forms(f"click[{clickable}]")
+
+    def _encode_searches(self, instruction: str) -> tuple[tuple[int, ...], ...]:
+        """Every ``search[<word prefix of the instruction>]``, from its first word or from after "Find me"."""
+        words = instruction.split()
+        starts = [0] + ([2] if [w.lower() for w in words[:2]] == ["find", "me"] and len(words) > 2 else [])
+        return tuple(ids for start in starts for end in range(start + 1, len(words) + 1)
+                     for ids in self._both_forms(f"search[{' '.join(words[start:end])}]"))
+
+    def _both_forms(self, action: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
         encode = lambda text: tuple(self.tokenizer.encode(text, add_special_tokens=False).ids)
-        return encode(f"click[{clickable}]"), encode(f" click[{clickable}]")
+        return encode(action), encode(" " + action)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode([int(t) for t in ids if int(t) not in self.stop_token_ids])

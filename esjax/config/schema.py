@@ -405,10 +405,11 @@ class AgentSection(_Section):
         0, ge=0, le=1_000_000, description="generate mode: an episode's first turns that every training member "
                                            "writes with θ itself (its ES member applies from the next turn): the "
                                            "members then share their first pages, e.g. 1 = one search per task")
-    constrain: Literal["none", "clicks"] = Field(
-        "none", description="generate mode: 'clicks' = constrained decoding on pages without a search bar: the reply "
-                            "can only be one of the page's click actions (written token by token from the policy's "
-                            "own distribution, limited to the tokens that continue one); searches stay free text")
+    constrain: Literal["none", "clicks", "all"] = Field(
+        "none", description="generate mode, constrained decoding (the reply written token by token from the policy's "
+                            "own distribution, limited to the tokens that continue an allowed reply): 'clicks' = on "
+                            "pages without a search bar the reply is one of the page's click actions (searches stay "
+                            "free text); 'all' = also a search copies a word prefix of the instruction")
 
     @model_validator(mode="after")
     def _check(self) -> AgentSection:

@@ -223,8 +223,11 @@ class GenerateEngine(RolloutEngine):
     def _state(self, episode: GenEpisode) -> RowState:
         lo, hi = split_seed(turn_seed(episode.sampling_seed, episode.position, episode.turn))
         perturbed = episode.kind == "train" and episode.turn >= self.unperturbed_turns
+        choices = self.agent.reply_choices(episode.available, episode.memory)
+        if choices is not None:  # a reply the turn could not finish would be cut before its action is complete
+            choices = [c for c in choices if len(c) <= self.max_new_tokens] or None
         return RowState((episode.version, episode.index, perturbed), lo, hi, episode.greedy,
-                        count=len(episode.tokens), choices=self.agent.reply_choices(episode.available))
+                        count=len(episode.tokens), choices=choices)
 
     def _lane(self, version: int, dtype: Any, rows: int) -> Lane:
         lane = self.lanes.get(version)

@@ -95,7 +95,7 @@ class GeneratingAgent(Protocol):
         """Prompt token ids of one turn."""
         ...
 
-    def reply_choices(self, available: dict[str, Any]) -> Sequence[Sequence[int]] | None:
+    def reply_choices(self, available: dict[str, Any], memory: Any) -> Sequence[Sequence[int]] | None:
         """The token ids of every reply a turn on this page may write (constrained decoding), or None: free text."""
         ...
 

@@ -126,14 +126,23 @@ def test_the_agent_offers_every_click_in_both_tokenisations_and_none_on_search_p
 
     config, policy, _ = shipped
     agent = build_generate_agent(config.agent, policy)
-    assert agent.reply_choices({"has_search_bar": True, "clickables": ["search"]}) is None
+    instruction = "Find me red shirts, and price lower than 30.00 dollars"
+    memory = agent.new_memory(instruction)
+    search_page = {"has_search_bar": True, "clickables": ["search"]}
+    assert agent.reply_choices(search_page, memory) is None  # 'clicks': searches stay free text
     page = {"has_search_bar": False, "clickables": ["back to search", "b07hrfsnl4", "next >"]}
-    choices = agent.reply_choices(page)
+    choices = agent.reply_choices(page, memory)
     texts = [agent.tokenizer.decode(list(c)) for c in choices]
     assert texts == [f"{space}click[{c}]" for c in page["clickables"] for space in ("", " ")]
     assert len(choices[3]) == 4  # ' click', '[', the product id, ']' (the embedded tokenizer)
     free = build_generate_agent(config.agent.model_copy(update={"constrain": "none"}), policy)
-    assert free.reply_choices(page) is None
+    assert free.reply_choices(page, memory) is None
+    copying = build_generate_agent(config.agent.model_copy(update={"constrain": "all"}), policy)
+    assert copying.reply_choices(page, memory) == choices
+    searches = {copying.tokenizer.decode(list(c)) for c in copying.reply_choices(search_page, memory)}
+    words = instruction.split()
+    want = {f"search[{' '.join(words[i:j])}]" for i in (0, 2) for j in range(i + 1, len(words) + 1)}
+    assert searches == want | {" " + s for s in want}
 
 
 def test_constrained_replies_cannot_reason_first():
@@ -143,14 +152,21 @@ def test_constrained_replies_cannot_reason_first():
         load_config(None, ["agent.mode=generate", "agent.constrain=clicks", "agent.reasoning=true"])
 
 
-def test_the_shipped_policy_constrained_never_clicks_what_is_not_on_the_page(shipped):
+@pytest.mark.parametrize("constrain", ["clicks", "all"])
+def test_the_shipped_policy_constrained_never_acts_off_the_page(shipped, constrain):
+    """'clicks': no click on something not on the page; 'all': also every search a word prefix of the instruction."""
     from esjax.train.evaluate import evaluate_policy
     from esjax.train.parts import build_generate_agent
 
     config, policy, shop = shipped
-    agent = build_generate_agent(config.agent, policy)
+    agent = build_generate_agent(config.agent.model_copy(update={"constrain": constrain}), policy)
     res = evaluate_policy(policy.config, policy.params, agent, shop, list(shop.split("eval"))[:8],
                           max_steps=config.env.max_steps, max_new_tokens=config.agent.max_new_tokens, traces=True)
     assert res["invalid_action_rate"] == 0.0 and res["score"] > 0
     clicks = [a for line in res["traces"] for a, _ in line["actions"] if a.startswith("click[")]
     assert len(clicks) >= 2 * 8 and sum(line["end"] == "bought" for line in res["traces"]) >= 6
+    if constrain == "all":
+        for line in res["traces"]:
+            words = line["instruction"].split()
+            query = line["actions"][0][0][len("search["):-1].split()
+            assert query in [words[i:j] for i in (0, 2) for j in range(i + 1, len(words) + 1)]
