@@ -15,9 +15,9 @@ wrapped slots invalidated), so a lane of ``length`` slots serves rows of any age
 generated tokens) fits. Positions (RoPE) are per row and explicit, so a row's slots never affect its numerics.
 
 Constrained turns: a row may carry the token ids of every reply its turn allows (a page's click actions, or the
-searches that copy the instruction: :meth:`~esjax.agent.react.GenerateAgent.reply_choices`); each of its draws then keeps only the tokens that continue
-a choice still matching the turn so far (grammar-constrained decoding over a list of sequences), on the device,
-inside the same programs. Rows without choices decode freely.
+searches that copy the instruction: :meth:`~esjax.agent.react.GenerateAgent.reply_choices`); each of its draws
+then keeps only the tokens that continue a choice still matching the turn so far (grammar-constrained decoding over
+a list of sequences), on the device, inside the same programs. Rows without choices decode freely.
 
 Sampling: row ``r`` draws token ``n`` of a turn with ``fold_in(fold_in(key(lo_r), hi_r), n)``, where
 ``(lo_r, hi_r)`` are the two 32-bit halves of a per-turn seed chosen by the caller (the rollout engine hashes the
