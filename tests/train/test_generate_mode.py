@@ -392,9 +392,11 @@ def resumes_are_bit_identical(reference, records, tmp_path) -> None:
             assert (run_dir / "traces" / path.name).read_bytes() == path.read_bytes(), (step, path.name)
 
 
-def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch):
+@pytest.mark.parametrize("constrain", ["none", "all"])
+def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch, constrain):
     """A run killed right after any checkpoint and resumed ends with the same θ, records and traces. Every
-    checkpoint lands with turns in progress (partial replies), so the re-prefill path is exercised."""
+    checkpoint lands with turns in progress (partial replies), so the re-prefill path is exercised (with
+    ``constrain: all``, also the re-derivation of which choices a partial reply still matches)."""
     from conftest import reward_by_trace, theta_moved
     from run_settings import read_records
     from test_trainer_resume import _steps
@@ -409,7 +411,9 @@ def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch):
     # same_bits below would pass whatever θ a resume used; a reward drawn from the replies makes θ move
     reward_by_trace(monkeypatch, GenerateEngine)
     model = _action_checkpoint(tmp_path / "model")
-    base = [*BASE, "model.source=hf", f"model.path={model}"]
+    # constrained searches copy up to max_new_tokens words: longer turns, so checkpoints catch one in progress
+    longer = ["agent.max_new_tokens=12"] if constrain != "none" else []
+    base = [*BASE, "model.source=hf", f"model.path={model}", f"agent.constrain={constrain}", *longer]
     reference = train(load_config(None, base), run_dir=tmp_path / "reference")
     records = untimed(read_records(reference.run_dir))
     assert theta_moved(records)
