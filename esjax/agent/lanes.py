@@ -163,13 +163,9 @@ def _insert(cache, k_new, v_new, mask, rows, cur, first):
 
 @functools.partial(jax.jit, donate_argnames=("choices", "alive"))
 def _insert_choices(choices, alive, rows, new_choices, new_alive):
-    """Write prefilled rows' choices (lane rows ``rows``; out of range = padding, dropped)."""
-    width, length = new_choices.shape[1:]
-    choices = choices.at[rows, :width, :length].set(new_choices, mode="drop")
-    choices = choices.at[rows, width:].set(-1, mode="drop")
-    choices = choices.at[rows, :, length:].set(-1, mode="drop")
-    alive = alive.at[rows].set(False, mode="drop").at[rows, :width].set(new_alive, mode="drop")
-    return choices, alive
+    """Write prefilled rows' choices, packed at the lane's width and length (lane rows ``rows``; out of range =
+    padding, dropped)."""
+    return choices.at[rows].set(new_choices, mode="drop"), alive.at[rows].set(new_alive, mode="drop")
 
 
 @functools.partial(jax.jit, donate_argnames=("cache",))
@@ -338,7 +334,8 @@ class Lane:
         self.cache, self._cur = _insert(self.cache, k_new, v_new, mask, into, self._vector("cur"), first)
         if self.choices is not None:
             if choices is None:  # free turns only: clear what earlier turns of these rows left
-                choices, alive = np.full((n_b, 1, 1), -1, np.int32), np.zeros((n_b, 1), bool)
+                choices = np.full((n_b, *self.choices.shape[1:]), -1, np.int32)
+                alive = np.zeros((n_b, self.choices.shape[1]), bool)
             self.choices, self.alive = _insert_choices(self.choices, self.alive, into, choices, alive)
         lengths = np.array([len(ids) for _, ids, _ in entries], np.int64)
         row = self.row
