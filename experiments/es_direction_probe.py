@@ -111,8 +111,10 @@ def main(argv=None) -> None:
         cohort = [dict(kind="train", owner=m, version=estimate, index=m, goal=g, position=i, sampling_seed=estimate,
                        greedy=args.temperature == 0) for m in range(args.members) for i, g in enumerate(goals)]
         per_goal = np.zeros((args.members, args.goals))
+        options = np.zeros((args.members, args.goals))  # option clicks per episode: does fitness go with choosing?
         for episode in run(cohort, lambda v: policy.params):
             per_goal[episode.index, episode.position] = episode.reward
+            options[episode.index, episode.position] = option_clicks(episode.trace)
         fitness = per_goal.mean(axis=1)
         half = args.goals // 2
         halves = [per_goal[:, :half].mean(axis=1), per_goal[:, half:].mean(axis=1)]
@@ -136,15 +138,22 @@ def main(argv=None) -> None:
         for episode in run(evaluation, thetas.__getitem__) if evals else ():
             reward[episode.version, episode.position] = episode.reward
         pairs = fitness[0::2] - fitness[1::2]
+        option_pairs = options.mean(axis=1)[0::2] - options.mean(axis=1)[1::2]
+        options_vs_fitness = (float(np.corrcoef(pairs, option_pairs)[0, 1])
+                              if min(np.std(pairs), np.std(option_pairs)) > 0 else None)
         record = {"estimate": estimate, "scope": args.scope, "sigma": args.sigma, "members": args.members,
                   "goals": args.goals, "temperature": args.temperature, "eval_goals": len(evals),
                   "unperturbed_turns": args.unperturbed_turns, "constrain": args.constrain, "policy": str(args.policy),
                   "split_half_reliability": reliability,
                   "fitness_mean": fitness.mean(), "fitness_std": fitness.std(), "mean_abs_pair_difference":
-                  np.abs(pairs).mean(), "direction_norm": norm, "entries": entries, "centre": 100 * reward[0].mean(),
+                  np.abs(pairs).mean(), "option_clicks_mean": options.mean(),
+                  "option_clicks_member_std": options.mean(axis=1).std(), "options_vs_fitness": options_vs_fitness,
+                  "direction_norm": norm, "entries": entries, "centre": 100 * reward[0].mean(),
                   "steps": [], "cohort_s": t1 - t0, "eval_s": time.perf_counter() - t1}
         print(f"estimate {estimate}: fitness {fitness.mean():.3f} ± {fitness.std():.3f}, split-half reliability "
-              f"{'n/a' if reliability is None else f'{reliability:+.2f}'}, |g| {norm:.1f} over "
+              f"{'n/a' if reliability is None else f'{reliability:+.2f}'}, option clicks {options.mean():.2f} per "
+              f"episode (pair differences vs fitness: "
+              f"{'n/a' if options_vs_fitness is None else f'{options_vs_fitness:+.2f}'}), |g| {norm:.1f} over "
               f"{entries} entries; centre {record['centre']:.2f} on {len(evals)} eval goals "
               f"({record['cohort_s']:.0f} s cohort, {record['eval_s']:.0f} s evaluation)")
         for k, (name, eta) in enumerate((name, eta) for name in directions for eta in etas):
@@ -159,6 +168,14 @@ def main(argv=None) -> None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             with args.out.open("a") as f:
                 f.write(json.dumps(record, default=float) + "\n")
+
+
+def option_clicks(trace) -> int:
+    """Option clicks in an episode's actions: clicks that are neither a page button nor a product."""
+    from esjax.rundir.traces import _BUTTONS, _is_product
+
+    targets = [a[len("click["):-1].lower() for a, _ in trace if a.startswith("click[") and a.endswith("]")]
+    return sum(t not in _BUTTONS and not _is_product(t) for t in targets)
 
 
 if __name__ == "__main__":
