@@ -111,17 +111,17 @@ def main(argv=None) -> None:
         cohort = [dict(kind="train", owner=m, version=estimate, index=m, goal=g, position=i, sampling_seed=estimate,
                        greedy=args.temperature == 0) for m in range(args.members) for i, g in enumerate(goals)]
         per_goal = np.zeros((args.members, args.goals))
-        options = np.zeros((args.members, args.goals))  # option clicks per episode: does fitness go with choosing?
+        # what members did per episode (BEHAVIOUR): which of it goes with their fitness differences?
+        behaviour = np.zeros((args.members, args.goals, len(BEHAVIOUR)))
         for episode in run(cohort, lambda v: policy.params):
             per_goal[episode.index, episode.position] = episode.reward
-            options[episode.index, episode.position] = option_clicks(episode.trace)
+            behaviour[episode.index, episode.position] = episode_behaviour(episode.trace)
         fitness = per_goal.mean(axis=1)
         half = args.goals // 2
         halves = [per_goal[:, :half].mean(axis=1), per_goal[:, half:].mean(axis=1)]
         differences = [h[0::2] - h[1::2] for h in halves]
         # undefined (None) when a half's pair differences do not vary, e.g. every pair tied on those goals
-        reliability = (float(np.corrcoef(*differences)[0, 1]) if min(np.std(d) for d in differences) > 0
-                       else None)
+        reliability = correlation(*differences)
         weights = centered_ranks(jnp.asarray(fitness), jnp.ones(args.members, bool))
         versions, indices = jnp.full(args.members, estimate), jnp.arange(args.members)
         directions = {"es": es_gradient(config, policy.params, versions, indices, weights),
@@ -138,24 +138,26 @@ def main(argv=None) -> None:
         for episode in run(evaluation, thetas.__getitem__) if evals else ():
             reward[episode.version, episode.position] = episode.reward
         pairs = fitness[0::2] - fitness[1::2]
-        option_pairs = options.mean(axis=1)[0::2] - options.mean(axis=1)[1::2]
-        options_vs_fitness = (float(np.corrcoef(pairs, option_pairs)[0, 1])
-                              if min(np.std(pairs), np.std(option_pairs)) > 0 else None)
+        per_member = behaviour.mean(axis=1)
+        behaviour_pairs = per_member[0::2] - per_member[1::2]
+        behaviour_record = {name: {"mean": float(per_member[:, k].mean()), "member_std": float(per_member[:, k].std()),
+                                   "pair_vs_fitness": correlation(pairs, behaviour_pairs[:, k])}
+                            for k, name in enumerate(BEHAVIOUR)}
         record = {"estimate": estimate, "scope": args.scope, "sigma": args.sigma, "members": args.members,
                   "goals": args.goals, "temperature": args.temperature, "eval_goals": len(evals),
                   "unperturbed_turns": args.unperturbed_turns, "constrain": args.constrain, "policy": str(args.policy),
                   "split_half_reliability": reliability,
                   "fitness_mean": fitness.mean(), "fitness_std": fitness.std(), "mean_abs_pair_difference":
-                  np.abs(pairs).mean(), "option_clicks_mean": options.mean(),
-                  "option_clicks_member_std": options.mean(axis=1).std(), "options_vs_fitness": options_vs_fitness,
+                  np.abs(pairs).mean(), "behaviour": behaviour_record,
                   "direction_norm": norm, "entries": entries, "centre": 100 * reward[0].mean(),
                   "steps": [], "cohort_s": t1 - t0, "eval_s": time.perf_counter() - t1}
         print(f"estimate {estimate}: fitness {fitness.mean():.3f} ± {fitness.std():.3f}, split-half reliability "
-              f"{'n/a' if reliability is None else f'{reliability:+.2f}'}, option clicks {options.mean():.2f} per "
-              f"episode (pair differences vs fitness: "
-              f"{'n/a' if options_vs_fitness is None else f'{options_vs_fitness:+.2f}'}), |g| {norm:.1f} over "
+              f"{signed(reliability)}, |g| {norm:.1f} over "
               f"{entries} entries; centre {record['centre']:.2f} on {len(evals)} eval goals "
               f"({record['cohort_s']:.0f} s cohort, {record['eval_s']:.0f} s evaluation)")
+        print("  per episode (mean ± member std; r of pair differences with fitness's): " + ", ".join(
+            f"{name} {b['mean']:.2f} ± {b['member_std']:.2f} ({signed(b['pair_vs_fitness'])})"
+            for name, b in behaviour_record.items()))
         for k, (name, eta) in enumerate((name, eta) for name in directions for eta in etas):
             delta = reward[1 + k] - reward[0]
             row = {"direction": name, "eta": eta, "step_per_entry": eta * norm / np.sqrt(entries),
@@ -170,12 +172,29 @@ def main(argv=None) -> None:
                 f.write(json.dumps(record, default=float) + "\n")
 
 
-def option_clicks(trace) -> int:
-    """Option clicks in an episode's actions: clicks that are neither a page button nor a product."""
+#: What :func:`episode_behaviour` counts per episode.
+BEHAVIOUR = ("steps", "search_words", "products", "options", "buy_clicks")
+
+
+def episode_behaviour(trace) -> tuple[int, ...]:
+    """An episode's actions counted by kind (:data:`BEHAVIOUR`): steps, words of its first search, product pages
+    opened, option clicks (clicks that are neither a page button nor a product) and ``buy now`` clicks."""
     from esjax.rundir.traces import _BUTTONS, _is_product
 
-    targets = [a[len("click["):-1].lower() for a, _ in trace if a.startswith("click[") and a.endswith("]")]
-    return sum(t not in _BUTTONS and not _is_product(t) for t in targets)
+    actions = [a for a, _ in trace]
+    search = next((a[len("search["):-1] for a in actions if a.startswith("search[") and a.endswith("]")), "")
+    targets = [a[len("click["):-1].lower() for a in actions if a.startswith("click[") and a.endswith("]")]
+    return (len(actions), len(search.split()), sum(map(_is_product, targets)),
+            sum(t not in _BUTTONS and not _is_product(t) for t in targets), targets.count("buy now"))
+
+
+def signed(r: float | None) -> str:
+    return "n/a" if r is None else f"{r:+.2f}"
+
+
+def correlation(x, y) -> float | None:
+    """Pearson r; undefined (None) when either side does not vary, e.g. every pair tied on those goals."""
+    return float(np.corrcoef(x, y)[0, 1]) if min(np.std(x), np.std(y)) > 0 else None
 
 
 if __name__ == "__main__":

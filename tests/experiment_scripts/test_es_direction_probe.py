@@ -24,12 +24,16 @@ def test_line_search_record_is_paired_with_the_centre(tmp_path, capsys):
         assert s["delta"] == pytest.approx(s["score"] - record["centre"])
         if eta == 0:  # θ + 0·g is θ: the same episodes as the centre
             assert s["delta"] == 0 and s["changed_goals"] == 0 and s["step_per_entry"] == 0
-    assert record["option_clicks_mean"] >= 0 and record["option_clicks_member_std"] >= 0
-    assert record["options_vs_fitness"] is None or -1 <= record["options_vs_fitness"] <= 1
+    assert set(record["behaviour"]) == set(es_direction_probe.BEHAVIOUR)
+    for b in record["behaviour"].values():
+        assert b["mean"] >= 0 and b["member_std"] >= 0
+        assert b["pair_vs_fitness"] is None or -1 <= b["pair_vs_fitness"] <= 1
+    assert record["behaviour"]["steps"]["mean"] >= 1
     assert "split-half reliability" in capsys.readouterr().out
 
 
-def test_option_clicks_count_neither_buttons_nor_products():
-    trace = [("search[red shoes]", ""), ("click[B07XYZ1234]", ""), ("click[Red]", ""), ("click[size 9]", ""),
-             ("click[< Prev]", ""), ("click[Buy Now]", ""), ("click[oops", "")]
-    assert es_direction_probe.option_clicks(trace) == 2
+def test_episode_behaviour_counts_actions_by_kind():
+    trace = [("search[red running shoes]", ""), ("click[B07XYZ1234]", ""), ("click[Red]", ""), ("click[size 9]", ""),
+             ("click[< Prev]", ""), ("click[Buy Now]", ""), ("click[oops", ""), ("search[again]", "")]
+    behaviour = dict(zip(es_direction_probe.BEHAVIOUR, es_direction_probe.episode_behaviour(trace)))
+    assert behaviour == {"steps": 8, "search_words": 3, "products": 1, "options": 2, "buy_clicks": 1}
