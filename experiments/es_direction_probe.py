@@ -42,6 +42,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--policy", default=str(ROOT / "esjax/assets/generate_policy"), help="HF folder of the policy")
     p.add_argument("--scope", choices=sorted(SCOPES), default="kernels")
     p.add_argument("--sigma", type=float, default=0.01)
+    p.add_argument("--mode", choices=("lowrank", "full"), default="lowrank", help="members' noise (es.mode)")
+    p.add_argument("--rank", type=int, default=1, help="rank of low-rank noise (es.rank)")
     p.add_argument("--members", type=int, default=32, help="N (even: antithetic pairs)")
     p.add_argument("--goals", type=int, default=16, help="train goals per member (the same for every member)")
     p.add_argument("--temperature", type=float, default=0.0, help="training replies (0: greedy)")
@@ -86,8 +88,8 @@ def main(argv=None) -> None:
     train = list(shop.split("train"))
     evals = list(shop.split("eval"))[:args.eval_goals] if etas else []
     kind, include = SCOPES[args.scope]
-    config = ESConfig(noise=NoiseSpec(seed=0, rank=1, scope=Scope(kind, include)), sigma=args.sigma,
-                      learning_rate=1.0, scale="nes")
+    config = ESConfig(noise=NoiseSpec(seed=0, mode=args.mode, rank=args.rank, scope=Scope(kind, include)),
+                      sigma=args.sigma, learning_rate=1.0, scale="nes")
 
     def run(episodes: list[dict], params_at) -> list:
         engine = GenerateEngine(InProcessEnvPool(shop, len(episodes)), agent, policy.config, config.noise,
@@ -143,7 +145,8 @@ def main(argv=None) -> None:
         behaviour_record = {name: {"mean": float(per_member[:, k].mean()), "member_std": float(per_member[:, k].std()),
                                    "pair_vs_fitness": correlation(pairs, behaviour_pairs[:, k])}
                             for k, name in enumerate(BEHAVIOUR)}
-        record = {"estimate": estimate, "scope": args.scope, "sigma": args.sigma, "members": args.members,
+        record = {"estimate": estimate, "scope": args.scope, "mode": args.mode, "rank": args.rank, "sigma": args.sigma,
+                  "members": args.members,
                   "goals": args.goals, "temperature": args.temperature, "eval_goals": len(evals),
                   "unperturbed_turns": args.unperturbed_turns, "constrain": args.constrain, "policy": str(args.policy),
                   "split_half_reliability": reliability,
