@@ -181,14 +181,13 @@ BEHAVIOUR = ("steps", "search_words", "products", "options", "buy_clicks")
 
 def episode_behaviour(trace) -> tuple[int, ...]:
     """An episode's actions counted by kind (:data:`BEHAVIOUR`): steps, words of its first search, product pages
-    opened, option clicks (clicks that are neither a page button nor a product) and ``buy now`` clicks."""
-    from esjax.rundir.traces import _BUTTONS, _is_product
+    opened, option clicks and ``buy now`` clicks (kinds as :func:`esjax.rundir.traces.action_kind` tells them)."""
+    from esjax.rundir.traces import action_kind
 
-    actions = [a for a, _ in trace]
-    search = next((a[len("search["):-1] for a in actions if a.startswith("search[") and a.endswith("]")), "")
-    targets = [a[len("click["):-1].lower() for a in actions if a.startswith("click[") and a.endswith("]")]
-    return (len(actions), len(search.split()), sum(map(_is_product, targets)),
-            sum(t not in _BUTTONS and not _is_product(t) for t in targets), targets.count("buy now"))
+    kinds = [action_kind(action) for action, _ in trace]
+    search = next((arg for kind, arg in kinds if kind == "search"), "")
+    counts = [sum(kind == k for kind, _ in kinds) for k in ("product", "option", "buy")]
+    return (len(kinds), len(search.split()), *counts)
 
 
 def signed(r: float | None) -> str:

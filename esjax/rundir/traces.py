@@ -115,6 +115,22 @@ def _is_product(target: str) -> bool:
     return len(target) == 10 and target.isalnum() and any(ch.isdigit() for ch in target)
 
 
+def action_kind(action: str) -> tuple[str, str]:
+    """What a written action is, and its argument (lower-cased for clicks): ``search``, ``buy`` (``click[buy now]``),
+    ``button`` (another page button), ``product`` (an ASIN), ``option`` (any other click: an option value) or
+    ``malformed``."""
+    if action.startswith("search["):
+        return "search", action[len("search["):-1] if action.endswith("]") else action[len("search["):]
+    if not (action.startswith("click[") and action.endswith("]")):
+        return "malformed", action
+    target = action[len("click["):-1].lower()
+    if target == "buy now":
+        return "buy", target
+    if target in _BUTTONS:
+        return "button", target
+    return ("product" if _is_product(target) else "option"), target
+
+
 def behaviour(lines: Iterable[dict[str, Any]]) -> dict[str, float]:
     """What a greedy agent did, from an evaluation's trace lines: per episode, searches, products opened and
     option clicks; option clicks per item page; the share of item pages with at least one option click; buys on
@@ -132,22 +148,17 @@ def behaviour(lines: Iterable[dict[str, Any]]) -> dict[str, float]:
         capped += line.get("end") == "max_steps"
         opened_here, opened_at_buy, clicked_option = 0, 0, False
         for action, _ in line.get("actions", []):
-            if action.startswith("search["):
+            kind, target = action_kind(action)
+            if kind == "search":
                 searches += 1
-                continue
-            if not (action.startswith("click[") and action.endswith("]")):
-                continue
-            target = action[len("click["):-1].lower()
-            if target == "buy now":  # in generate mode a "buy now" off an item page is a no-op, not a buy
+            elif kind == "buy":  # in generate mode a "buy now" off an item page is a no-op, not a buy
                 opened_at_buy = opened_here
-            elif target in _BUTTONS:
-                continue
-            elif _is_product(target):
+            elif kind == "product":
                 pages_with_option += clicked_option
                 opened_here += 1
                 opened += 1
                 clicked_option = False
-            else:
+            elif kind == "option":
                 options += 1
                 named += names_value(words, target)  # the option rule's test
                 clicked_option = True

@@ -14,6 +14,7 @@ from esjax.rundir.stats import Z975, eval_intervals, score_interval, t975, wilso
 from esjax.rundir.traces import (
     SNIPPET_CHARS,
     TraceRecorder,
+    action_kind,
     behaviour,
     first_and_last_traces,
     paired_delta,
@@ -105,6 +106,16 @@ def test_eval_intervals():
 def _line(actions, end="bought", steps=None):
     return {"instruction": INSTRUCTION, "actions": [[a, ""] for a in actions], "end": end,
             "steps": len(actions) if steps is None else steps}
+
+
+def test_action_kind_tells_written_actions_apart():
+    assert action_kind("search[red scarf]") == ("search", "red scarf")
+    assert action_kind("search[red sc") == ("search", "red sc")  # cut off by the reply budget: still a search
+    assert action_kind("click[Buy Now]") == ("buy", "buy now")
+    assert action_kind("click[< Prev]") == ("button", "< prev")
+    assert action_kind("click[B07ABC1234]") == ("product", "b07abc1234")
+    assert action_kind("click[Large]") == ("option", "large")
+    assert action_kind("click[large") == ("malformed", "click[large")
 
 
 def test_behaviour_counts_what_the_agent_did():
