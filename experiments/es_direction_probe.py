@@ -146,8 +146,7 @@ def main(argv=None) -> None:
                                    "pair_vs_fitness": correlation(pairs, behaviour_pairs[:, k])}
                             for k, name in enumerate(BEHAVIOUR)}
         record = {"estimate": estimate, "scope": args.scope, "mode": args.mode, "rank": args.rank, "sigma": args.sigma,
-                  "members": args.members,
-                  "goals": args.goals, "temperature": args.temperature, "eval_goals": len(evals),
+                  "members": args.members, "goals": args.goals, "temperature": args.temperature, "eval_goals": len(evals),
                   "unperturbed_turns": args.unperturbed_turns, "constrain": args.constrain, "policy": str(args.policy),
                   "split_half_reliability": reliability,
                   "fitness_mean": fitness.mean(), "fitness_std": fitness.std(), "mean_abs_pair_difference":
