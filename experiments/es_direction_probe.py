@@ -145,12 +145,12 @@ def main(argv=None) -> None:
         behaviour_record = {name: {"mean": float(per_member[:, k].mean()), "member_std": float(per_member[:, k].std()),
                                    "pair_vs_fitness": correlation(pairs, behaviour_pairs[:, k])}
                             for k, name in enumerate(BEHAVIOUR)}
-        record = {"estimate": estimate, "scope": args.scope, "mode": args.mode, "rank": args.rank, "sigma": args.sigma,
-                  "members": args.members, "goals": args.goals, "temperature": args.temperature, "eval_goals": len(evals),
-                  "unperturbed_turns": args.unperturbed_turns, "constrain": args.constrain, "policy": str(args.policy),
-                  "split_half_reliability": reliability,
-                  "fitness_mean": fitness.mean(), "fitness_std": fitness.std(), "mean_abs_pair_difference":
-                  np.abs(pairs).mean(), "behaviour": behaviour_record,
+        record = {"estimate": estimate, "scope": args.scope, "mode": args.mode, "rank": args.rank,
+                  "sigma": args.sigma, "members": args.members, "goals": args.goals, "temperature": args.temperature,
+                  "eval_goals": len(evals), "unperturbed_turns": args.unperturbed_turns, "constrain": args.constrain,
+                  "policy": str(args.policy), "split_half_reliability": reliability,
+                  "fitness_mean": fitness.mean(), "fitness_std": fitness.std(),
+                  "mean_abs_pair_difference": np.abs(pairs).mean(), "behaviour": behaviour_record,
                   "direction_norm": norm, "entries": entries, "centre": 100 * reward[0].mean(),
                   "steps": [], "cohort_s": t1 - t0, "eval_s": time.perf_counter() - t1}
         print(f"estimate {estimate}: fitness {fitness.mean():.3f} ± {fitness.std():.3f}, split-half reliability "
