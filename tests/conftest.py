@@ -26,8 +26,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# A persistent XLA compilation cache: the suite compiles the same small programs in many processes
-# (subprocess CLI runs, simulated-device meshes); reusing them cuts the suite's wall time severalfold.
+# A persistent XLA compilation cache for the child processes the tests start: the suite compiles the same small
+# programs in many short-lived processes (CLI runs, simulated-device meshes); reusing them cuts its wall time
+# severalfold. The test processes themselves (the pytest-xdist workers) neither read nor write it: a long-lived
+# worker that loads a cached executable can abort inside XLA (seen on 6 Dec 2026 with jax 0.10.2: SIGABRT in
+# compilation_cache.get_executable_and_time, not reproducible alone), and a dead worker can hang the whole run
+# (stop 48's CI), while a child that dies fails only its own test, with its output.
 _CACHE = Path(os.environ.get("ESJAX_TEST_XLA_CACHE", Path(tempfile.gettempdir()) / "esjax-test-xla-cache"))
 _CACHE_SETTINGS = {
     "JAX_COMPILATION_CACHE_DIR": str(_CACHE),
@@ -35,7 +39,8 @@ _CACHE_SETTINGS = {
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
 }
 for _key, _value in _CACHE_SETTINGS.items():
-    os.environ.setdefault(_key, _value)
+    os.environ.setdefault(_key, _value)  # the folder stays set so an in-process run never picks ~/.cache/esjax/xla
+os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"  # this process only: subprocess_env passes no other JAX_* key
 
 #: XLA CPU flags that roughly halve compile time of the multi-device scripts (results unchanged there).
 FAST_XLA = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
