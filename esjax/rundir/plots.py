@@ -346,6 +346,7 @@ BEHAVIOUR_ROWS = (("searches_per_episode", "searches per episode", "{:.2f}"),
                   ("option_clicks_named_in_instruction", "option clicks the instruction names", "{:.1%}"),
                   ("bought_on_first_item_page", "bought on the first item page", "{:.1%}"),
                   ("bought", "bought", "{:.1%}"),
+                  ("bought_without_option_click", "bought without an option click", "{:.1%}"),
                   ("step_cap_hits", "step-cap hits", "{:.1%}"),
                   ("steps_per_episode", "steps per episode", "{:.2f}"))
 

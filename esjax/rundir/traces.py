@@ -131,28 +131,30 @@ def action_kind(action: str) -> tuple[str, str]:
     return ("product" if _is_product(target) else "option"), target
 
 
-def behaviour(lines: Iterable[dict[str, Any]]) -> dict[str, float]:
+def behaviour(lines: Iterable[dict[str, Any]]) -> dict[str, float | None]:
     """What a greedy agent did, from an evaluation's trace lines: per episode, searches, products opened and
     option clicks; option clicks per item page; the share of item pages with at least one option click; buys on
-    the first item page; buys, step-cap hits. This is what tells a score change apart: a higher score from
+    the first item page; buys, buys without an option click on the item page bought from, and the mean reward of
+    buys with and without one; step-cap hits. This is what tells a score change apart: a higher score from
     choosing options shows here as option clicks (and whether the options clicked are the ones the instruction
     names), one from better products as fewer item pages per buy."""
     from envs.webshop_bridge.policies import instruction_words, names_value
 
     episodes = searches = opened = options = pages_with_option = bought = first_page_buys = capped = steps = 0
     named = 0
+    reward_by_option: dict[bool, list[float]] = {True: [], False: []}  # buys, by an option click before the buy
     for line in lines:
         episodes += 1
         words = instruction_words(str(line.get("instruction", "")))
         steps += int(line.get("steps", 0))
         capped += line.get("end") == "max_steps"
-        opened_here, opened_at_buy, clicked_option = 0, 0, False
+        opened_here, opened_at_buy, clicked_option, option_at_buy = 0, 0, False, False
         for action, _ in line.get("actions", []):
             kind, target = action_kind(action)
             if kind == "search":
                 searches += 1
             elif kind == "buy":  # in generate mode a "buy now" off an item page is a no-op, not a buy
-                opened_at_buy = opened_here
+                opened_at_buy, option_at_buy = opened_here, clicked_option
             elif kind == "product":
                 pages_with_option += clicked_option
                 opened_here += 1
@@ -166,13 +168,18 @@ def behaviour(lines: Iterable[dict[str, Any]]) -> dict[str, float]:
         if line.get("end") == "bought":
             bought += 1
             first_page_buys += opened_at_buy == 1
+            reward_by_option[option_at_buy].append(float(line.get("reward", 0.0)))
     n = max(episodes, 1)
+    mean = lambda values: sum(values) / len(values) if values else None  # noqa: E731
     return {"episodes": episodes, "searches_per_episode": searches / n, "item_pages_per_episode": opened / n,
             "option_clicks_per_item_page": options / max(opened, 1),
             "item_pages_with_option_click": pages_with_option / max(opened, 1),
             "option_clicks_named_in_instruction": named / max(options, 1),
-            "bought": bought / n, "bought_on_first_item_page": first_page_buys / n, "step_cap_hits": capped / n,
-            "steps_per_episode": steps / n}
+            "bought": bought / n, "bought_on_first_item_page": first_page_buys / n,
+            "bought_without_option_click": len(reward_by_option[False]) / n,
+            "reward_of_buys_with_option_click": mean(reward_by_option[True]),
+            "reward_of_buys_without_option_click": mean(reward_by_option[False]),
+            "step_cap_hits": capped / n, "steps_per_episode": steps / n}
 
 
 def first_and_last_traces(traces_dir: str | Path) -> dict[int, list[dict[str, Any]]]:

@@ -103,9 +103,9 @@ def test_eval_intervals():
     assert 0 < record["success_ci_low"] < 1 / 3 < record["success_ci_high"] < 1
 
 
-def _line(actions, end="bought", steps=None):
+def _line(actions, end="bought", steps=None, reward=0.0):
     return {"instruction": INSTRUCTION, "actions": [[a, ""] for a in actions], "end": end,
-            "steps": len(actions) if steps is None else steps}
+            "steps": len(actions) if steps is None else steps, "reward": reward}
 
 
 def test_action_kind_tells_written_actions_apart():
@@ -121,9 +121,10 @@ def test_action_kind_tells_written_actions_apart():
 def test_behaviour_counts_what_the_agent_did():
     lines = [
         # searched, opened one product, chose two options, bought: both options on the first item page
-        _line(["search[red scarf]", "click[b07abc1234]", "click[red]", "click[large]", "click[buy now]"]),
-        # opened a product, went back, opened another and bought at once
-        _line(["search[red scarf]", "click[b07abc1234]", "click[< prev]", "click[b01xyz9876]", "click[buy now]"]),
+        _line(["search[red scarf]", "click[b07abc1234]", "click[red]", "click[large]", "click[buy now]"], reward=0.9),
+        # opened a product, clicked an option, went back, opened another and bought at once (no option there)
+        _line(["search[red scarf]", "click[b07abc1234]", "click[red]", "click[< prev]", "click[b01xyz9876]",
+               "click[buy now]"], reward=0.5),
         # paged and ran into the step cap without buying
         _line(["search[red scarf]", "click[next >]", "click[b07abc1234]", "click[description]"], end="max_steps",
               steps=15),
@@ -131,13 +132,17 @@ def test_behaviour_counts_what_the_agent_did():
     b = behaviour(lines)
     assert b["episodes"] == 3 and b["searches_per_episode"] == 1.0
     assert b["item_pages_per_episode"] == pytest.approx(4 / 3)
-    assert b["option_clicks_per_item_page"] == pytest.approx(2 / 4)
-    assert b["item_pages_with_option_click"] == pytest.approx(1 / 4)
-    assert b["option_clicks_named_in_instruction"] == pytest.approx(1 / 2)  # 'red' is named, 'large' is not
+    assert b["option_clicks_per_item_page"] == pytest.approx(3 / 4)
+    assert b["item_pages_with_option_click"] == pytest.approx(2 / 4)
+    assert b["option_clicks_named_in_instruction"] == pytest.approx(2 / 3)  # 'red' is named, 'large' is not
     assert b["bought"] == pytest.approx(2 / 3) and b["bought_on_first_item_page"] == pytest.approx(1 / 3)
+    # the second buy's page had no option click (the click before it was on the page left behind)
+    assert b["bought_without_option_click"] == pytest.approx(1 / 3)
+    assert b["reward_of_buys_with_option_click"] == 0.9 and b["reward_of_buys_without_option_click"] == 0.5
     assert b["step_cap_hits"] == pytest.approx(1 / 3)
-    assert b["steps_per_episode"] == pytest.approx((5 + 5 + 15) / 3)
-    assert behaviour([])["episodes"] == 0
+    assert b["steps_per_episode"] == pytest.approx((5 + 6 + 15) / 3)
+    empty = behaviour([])
+    assert empty["episodes"] == 0 and empty["reward_of_buys_with_option_click"] is None
     # generate mode: a written "buy now" on the results page is WebShop's no-op, not a purchase
     noop = behaviour([_line(["search[red scarf]", "click[buy now]", "click[buy now]"], end="max_steps", steps=15)])
     assert noop["bought"] == 0.0 and noop["bought_on_first_item_page"] == 0.0
