@@ -60,7 +60,8 @@ HEAVY_FIRST = ("test_trainer_multiprocess", "test_trainer", "test_generate_mode"
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: one worker per core on a fresh machine, 1.5 once the compilation cache holds programs. Cold, the
     suite is XLA compiles (CPU-bound); warm, many tests wait on child processes (CLI runs, simulated meshes,
-    multi-process jobs) and a third worker on 2 cores keeps the cores busy. Measured on the idle 2-core AMD EPYC:
+    multi-process jobs) and a third worker on 2 cores keeps the cores busy. Measured on the idle 2-core AMD EPYC
+    (while the workers still used the cache, before 6 Dec 2026):
     cold 13 min 36 s with 2 workers vs 15 min 5 s with 3; warm 5 min 25 s with 3 vs 6 min 8 s – 6 min 48 s with 2
     (6 min 8 s with 4)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
