@@ -165,6 +165,63 @@ class GenerateAgent:
         """Whether a reply holds a complete action (the turn can stop)."""
         return ACTION.search(text) is not None
 
+    def action_lengths(self, replies: Sequence[Sequence[int]], checked: Sequence[int]) -> list[int]:
+        """For each reply (a turn's token ids so far): the length of its shortest prefix that is longer than
+        ``checked`` tokens, ends at a closing token and holds a complete action; 0 when none does. The same as
+        testing ``complete(decode(prefix))`` at each closing token after ``checked``, in order.
+
+        The engine asks once per decode step for every turn with a new closing token, so this is on the decode
+        loop's path: with a byte-level tokenizer, a reply of ASCII tokens is decoded by joining each token's own
+        text (exact: its bytes are that text) and searched once, instead of one ``Tokenizer.decode`` (~4 µs) per
+        closing token; other replies take the general path."""
+        pieces = self._ascii_pieces
+        out = []
+        for ids, start in zip(replies, checked):
+            try:
+                text = "".join(map(pieces.__getitem__, ids)) if pieces is not None else None
+            except (TypeError, IndexError):  # a token that is not ASCII, or outside the tokenizer's vocabulary
+                text = None
+            out.append(self._action_length(ids, start) if text is None else
+                       self._action_length_in(text, ids, start, pieces))
+        return out
+
+    def _action_length(self, ids: Sequence[int], start: int) -> int:
+        for n in range(start + 1, len(ids) + 1):
+            if ids[n - 1] in self.closing_ids and self.complete(self.decode(ids[:n])):
+                return n
+        return 0
+
+    def _action_length_in(self, text: str, ids: Sequence[int], start: int, pieces: Sequence[str]) -> int:
+        """:meth:`_action_length` on a reply whose text is ``text``, the join of ``pieces`` of ``ids``. A prefix
+        holds an action iff it holds the first match of the whole text (a later match ends later: an action's
+        argument holds no bracket), so the answer is the first closing token at or after the one holding that
+        match's last character."""
+        match = ACTION.search(text)
+        if match is None:
+            return 0
+        shortest, length = len(ids), len(text)
+        while shortest > 0 and length - len(pieces[ids[shortest - 1]]) >= match.end():
+            shortest -= 1
+            length -= len(pieces[ids[shortest]])
+        for n in range(max(shortest, start + 1), len(ids) + 1):
+            if ids[n - 1] in self.closing_ids:
+                return n
+        return 0
+
+    @functools.cached_property
+    def _ascii_pieces(self) -> list[str | None] | None:
+        """Each token's text when its bytes are ASCII (stop tokens: empty, as :meth:`decode` drops them), None for
+        the others; None altogether unless the tokenizer decodes byte-level (a reply's text is then its tokens'
+        bytes joined, and ASCII bytes join into the same text however the reply is cut into tokens)."""
+        decoders = getattr(self.tokenizer, "decoder", None)
+        if type(decoders).__name__ != "ByteLevel" or not hasattr(self.tokenizer, "get_vocab_size"):
+            return None
+        pieces: list[str | None] = []
+        for i in range(self.tokenizer.get_vocab_size(with_added_tokens=True)):
+            piece = "" if i in self.stop_token_ids else self.tokenizer.decode([i])
+            pieces.append(piece if piece.isascii() else None)
+        return pieces
+
     def parse(self, text: str) -> tuple[str, str, bool]:
         """``(reply kept, action for the env, parsed)``: the reply up to its first action and that action in
         canonical form, or the reply's first line as it is (the env's no-op) when it holds none."""

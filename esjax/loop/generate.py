@@ -158,9 +158,12 @@ class GenerateEngine(RolloutEngine):
         self.lane_length = longest_prefill + 2 * (max_new_tokens + decode_steps)
         self.lanes: dict[int, Lane] = {}
         self.turn_tokens: dict[int, TurnTokens] = {}  # version -> its lane rows' turns so far
-        special = sorted(agent.stop_token_ids | agent.closing_ids)
-        self._can_end = np.zeros(max([model_config.vocab_size, *special]) + 1, bool)  # token id -> can end a turn
-        self._can_end[special] = True
+        # token id -> ends a turn (an end-of-sequence token) / may complete an action / either
+        size = max([model_config.vocab_size, *agent.stop_token_ids, *agent.closing_ids]) + 1
+        self._is_stop, self._is_closing = np.zeros(size, bool), np.zeros(size, bool)
+        self._is_stop[sorted(agent.stop_token_ids)] = True
+        self._is_closing[sorted(agent.closing_ids)] = True
+        self._can_end = self._is_stop | self._is_closing
         self.lane_row: dict[int, tuple[int, int]] = {}  # env row -> (version, lane row)
         self.in_lane: dict[tuple[int, int], GenEpisode] = {}  # (version, lane row) -> its episode
         self.live: dict[int, GenEpisode] = {}
@@ -316,56 +319,59 @@ class GenerateEngine(RolloutEngine):
     def _read_tokens(self, version: int, lane: Lane, turn: TurnTokens,
                      starting: list[tuple[int, GenEpisode]], first: Any, out: Any, stats: GenTickStats
                      ) -> list[GenEpisode]:
-        """Take a lane's new tokens into its rows' turns; returns the episodes whose turn ended, in row order.
-
-        Rows whose new tokens cannot end the turn (no stop or closing token, ``max_new_tokens`` not reached) take
-        them in one array operation; the few others go token by token (:meth:`_take`)."""
-        over = np.zeros(lane.rows, bool)
+        """Take a lane's new tokens into its rows' turns; returns the episodes whose turn ended, in row order."""
         if first is not None:  # the prefilled rows' first tokens
             slots = np.array([slot for slot, _ in starting], np.int64)
-            for slot in self._take_block(turn, slots, to_host(first)[:, None])[0]:
-                over[slot] = self._turn_over(turn.get(slot))
-        slots = lane.live_rows()
-        taking = slots[~over[slots]]
-        others, kept = self._take_block(turn, taking, to_host(out)[taking])
-        stats.useful_steps += kept
-        ended_slots = sorted(set(slots[over[slots]].tolist())
-                             | {slot for slot in others if self._turn_over(turn.get(slot))})
-        going = np.setdiff1d(slots, ended_slots, assume_unique=True)
+            self._take_block(turn, slots, to_host(first)[:, None])
+            over = np.zeros(lane.rows, bool)
+            over[slots] = self._turn_over(turn, slots)
+            slots = lane.live_rows()
+            taking = slots[~over[slots]]
+        else:
+            slots = taking = lane.live_rows()
+        stats.useful_steps += self._take_block(turn, taking, to_host(out)[taking])
+        ended = self._turn_over(turn, slots)
+        going = slots[~ended]
         lane.set_next(going, turn.tokens[going, turn.count[going] - 1])
-        return sorted((self.in_lane[version, slot] for slot in ended_slots), key=lambda e: e.row)
+        return sorted((self.in_lane[version, slot] for slot in slots[ended].tolist()), key=lambda e: e.row)
 
-    def _take_block(self, turn: TurnTokens, slots: np.ndarray, new: np.ndarray) -> tuple[list[int], int]:
-        """Append ``new [len(slots), n]`` to the turns of lane rows ``slots``: rows whose new tokens cannot end the
-        turn (no stop or closing token, ``max_new_tokens`` not reached) in one array operation, the others token by
-        token (:meth:`_take`). Returns those other rows and the tokens kept."""
-        plain = (turn.count[slots] + new.shape[1] < self.max_new_tokens) \
-            & ~self._can_end[new].any(axis=1)
+    def _take_block(self, turn: TurnTokens, slots: np.ndarray, new: np.ndarray) -> int:
+        """Append ``new [len(slots), n]`` to the turns of lane rows ``slots``, each until its turn is over (a stop
+        token, a complete action — marked by a ``-1`` after it — or ``max_new_tokens``); returns the tokens kept.
+
+        Rows whose new tokens cannot end the turn (no stop or closing token, ``max_new_tokens`` not reached) take
+        them in one array operation; for the others the agent finds complete actions in one call."""
+        steps = new.shape[1]
+        counts = turn.count[slots]
+        plain = (counts + steps < self.max_new_tokens) & ~self._can_end[new].any(axis=1)
         turn.append(slots[plain], new[plain])
-        kept = new.shape[1] * int(plain.sum())
-        others = slots[~plain].tolist()
-        for slot, row in zip(others, new[~plain].tolist()):
-            tokens = turn.get(slot)
-            kept += self._take(tokens, row)
-            turn.put(slot, tokens)
-        return others, kept
+        kept = steps * int(plain.sum())
+        slots, new, counts = slots[~plain], new[~plain], counts[~plain]
+        if not len(slots):
+            return kept
+        # how many of its new tokens each row takes before a stop token or max_new_tokens ends its turn
+        room = np.where(self._turn_over(turn, slots), 0, np.clip(self.max_new_tokens - counts, 0, steps))
+        stops = self._is_stop[new] & (np.arange(steps) < room[:, None])
+        room = np.where(stops.any(axis=1), stops.argmax(axis=1) + 1, room)
+        turn.append(slots, new)  # the tokens past ``room`` are cut by the count below
+        turn.count[slots] = counts + room
+        closing = self._is_closing[new] & (np.arange(steps) < room[:, None])
+        rows = np.flatnonzero(closing.any(axis=1))
+        if len(rows):
+            replies = [turn.get(slot) for slot in slots[rows].tolist()]
+            lengths = self.agent.action_lengths(replies, counts[rows].tolist())
+            for row, slot, length in zip(rows.tolist(), slots[rows].tolist(), lengths):
+                if length:  # the turn ends after this many tokens: cut there and mark the action complete
+                    room[row] = length - counts[row]
+                    turn.tokens[slot, length] = -1
+                    turn.count[slot] = length + 1
+        return kept + int(room.sum())
 
-    def _take(self, tokens: list[int], new: list[int]) -> int:
-        """Append ``new`` to a turn's ``tokens`` until it is over (stop token, complete action or
-        ``max_new_tokens``); returns how many were kept."""
-        kept = 0
-        for token in new:
-            if self._turn_over(tokens):
-                break
-            tokens.append(token)
-            kept += 1
-            if token in self.agent.closing_ids and self.agent.complete(self.agent.decode(tokens)):
-                tokens.append(-1)  # marks a complete action (dropped before decoding)
-        return kept
-
-    def _turn_over(self, tokens: list[int]) -> bool:
-        return bool(tokens) and (tokens[-1] == -1 or tokens[-1] in self.agent.stop_token_ids
-                                 or len(tokens) >= self.max_new_tokens)
+    def _turn_over(self, turn: TurnTokens, slots: np.ndarray) -> np.ndarray:
+        """Which of lane rows ``slots`` hold a turn that is over."""
+        counts = turn.count[slots]
+        last = turn.tokens[slots, np.maximum(counts - 1, 0)]
+        return (counts > 0) & (self._is_stop[last] | (last == -1) | (counts >= self.max_new_tokens))
 
     def _end_turns(self, turn: TurnTokens, ended: list[GenEpisode], stats: GenTickStats
                    ) -> list[tuple[GenEpisode, list[int]]]:
