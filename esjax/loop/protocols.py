@@ -103,8 +103,9 @@ class GeneratingAgent(Protocol):
         """The text of reply tokens (stop tokens left out)."""
         ...
 
-    def complete(self, text: str) -> bool:
-        """Whether a reply holds a complete action (its turn can end)."""
+    def action_lengths(self, replies: Sequence[Sequence[int]], checked: Sequence[int]) -> list[int]:
+        """For each reply's token ids: the length of its shortest prefix longer than ``checked`` tokens that ends
+        at a closing token and holds a complete action (its turn can end there), 0 when none does."""
         ...
 
     def parse(self, text: str) -> tuple[str, str, bool]:
