@@ -213,6 +213,7 @@ class SimulatedLaneDevice(SimulatedDevice):
         self.reply = reply
         self.reply_ids: np.ndarray | None = None  # the reply in the run's tokenizer, set by the engine hook
         self.decode_calls = self.decode_steps = self.prefill_rows = 0
+        self.decode_cpu_seconds = 0.0  # the host CPU of this stand-in's decode calls (not the engine's)
 
     def _queue(self, cost: float, values: np.ndarray) -> _SimulatedOutput:
         self.free_at = max(self.free_at, time.perf_counter()) + cost
@@ -229,10 +230,13 @@ class SimulatedLaneDevice(SimulatedDevice):
 
     def decode(self, config, sampling, params, prepared, cache, cur, pos, counts, active, greedy, lo, hi,
                choices=None, alive=None, *, steps):
+        cpu = time.thread_time()
         self.decode_calls += 1
         self.decode_steps += steps
         tokens = self._tokens(np.asarray(counts)[:, None] + np.arange(steps)[None, :])
-        return cache, self._queue(steps * self.seconds_per_step, tokens), alive
+        output = self._queue(steps * self.seconds_per_step, tokens)
+        self.decode_cpu_seconds += time.thread_time() - cpu
+        return cache, output, alive
 
     def install(self) -> None:
         import esjax.agent.lanes as lanes
@@ -321,6 +325,7 @@ def measure_simulated_generate(config_path: str, overrides: list[str], milliseco
         run_config(config_path, overrides)  # warm-up: compiles the update programs
         device.busy_seconds = device.waited_seconds = 0.0
         device.decode_calls = device.decode_steps = device.prefill_rows = 0
+        device.decode_cpu_seconds = 0.0
         recorder.active = True
         result = run_config(config_path, overrides)
     finally:
@@ -341,6 +346,9 @@ def measure_simulated_generate(config_path: str, overrides: list[str], milliseco
         "loop_thread_us_per_decode_call": 1e6 * recorder.loop_thread_cpu_seconds / calls,
         "loop_thread_us_per_decode_step": 1e6 * recorder.loop_thread_cpu_seconds / steps,
         "decode_path_cpu_us_per_decode_step": 1e6 * s.decode_cpu_s / steps,
+        # the same without the simulated device's own host work in its decode calls (a real call's dispatch instead)
+        "decode_path_cpu_us_per_decode_step_engine": 1e6 * (s.decode_cpu_s - device.decode_cpu_seconds) / steps,
+        "turns_ended_per_decode_step": s.rows / steps,
         "lane_row_steps": s.row_steps,
         "model_host_us_per_decode_step": 1e6 * (s.model_s - device.waited_seconds) / steps,
         "prepare_us_per_prefill": 1e6 * s.prepare_s / max(device.prefill_rows, 1),
@@ -364,7 +372,9 @@ def report_simulated_generate(r: dict[str, Any]) -> str:
         f"  CPU of the loop's own thread: {r['loop_thread_us_per_decode_call']:.0f} µs per decode call, "
         f"{r['loop_thread_us_per_decode_step']:.0f} µs per decode step (process, all threads: "
         f"{r['host_us_per_decode_step']:.0f} µs per decode step); of it in the decode steps' own path (dispatch, "
-        f"token intake): {r['decode_path_cpu_us_per_decode_step']:.0f} µs per decode step",
+        f"token intake): {r['decode_path_cpu_us_per_decode_step']:.0f} µs per decode step, "
+        f"{r['decode_path_cpu_us_per_decode_step_engine']:.0f} µs without the simulated device's own decode calls "
+        f"({r['turns_ended_per_decode_step']:.1f} turns ended per decode step)",
         f"  host wall by part (s, device waits excluded): {parts}; per decode step the model's host part "
         f"{r['model_host_us_per_decode_step']:.0f} µs (lanes of {r['lane_row_steps'] / max(r['decode_steps'], 1):.0f}"
         f" rows on average), per prefilled row the prompt {r['prepare_us_per_prefill']:.0f} µs",

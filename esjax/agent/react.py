@@ -29,7 +29,12 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
+from esjax.agent.pieces import AsciiPieces
+
 ACTION = re.compile(r"\b(search|click)\[([^\[\]\n]*)\]", re.IGNORECASE)
+ACTION_NAMES = (b"search", b"click")  # ACTION's names, for AsciiPieces.first_actions (the same on ASCII text)
 
 SYSTEM_PROMPT = ("You are a shopping agent on WebShop. Read the instruction and the page, then act with exactly "
                  "one action: search[<query>] on a page with a search bar, or click[<item>] with an item from "
@@ -165,24 +170,36 @@ class GenerateAgent:
         """Whether a reply holds a complete action (the turn can stop)."""
         return ACTION.search(text) is not None
 
-    def action_lengths(self, replies: Sequence[Sequence[int]], checked: Sequence[int]) -> list[int]:
-        """For each reply (a turn's token ids so far): the length of its shortest prefix that is longer than
-        ``checked`` tokens, ends at a closing token and holds a complete action; 0 when none does. The same as
-        testing ``complete(decode(prefix))`` at each closing token after ``checked``, in order.
+    def action_lengths(self, tokens: np.ndarray, lengths: np.ndarray, checked: np.ndarray) -> np.ndarray:
+        """For each reply (row ``r`` of ``tokens``: its first ``lengths[r]`` token ids, a turn so far): the length of
+        its shortest prefix that is longer than ``checked[r]`` tokens, ends at a closing token and holds a complete
+        action; 0 when none does. The same as testing ``complete(decode(prefix))`` at each closing token after
+        ``checked``, in order.
 
-        The engine asks once per decode step for every turn with a new closing token, so this is on the decode
-        loop's path: with a byte-level tokenizer, a reply of ASCII tokens is decoded by joining each token's own
-        text (exact: its bytes are that text) and searched once, instead of one ``Tokenizer.decode`` (~4 µs) per
-        closing token; other replies take the general path."""
-        pieces = self._ascii_pieces
-        out = []
-        for ids, start in zip(replies, checked):
-            try:
-                text = "".join(map(pieces.__getitem__, ids)) if pieces is not None else None
-            except (TypeError, IndexError):  # a token that is not ASCII, or outside the tokenizer's vocabulary
-                text = None
-            out.append(self._action_length(ids, start) if text is None else
-                       self._action_length_in(text, ids, start, pieces))
+        The engine asks once per decode call for every turn with a new closing token, on the decode loop's path:
+        with a byte-level tokenizer, the replies of ASCII tokens are searched together (:class:`AsciiPieces`; a
+        prefix holds an action iff it holds the whole reply's first one, as a later one ends later: an action's
+        argument holds no bracket); the others take the general path, a ``decode`` per closing token."""
+        lengths, checked = np.asarray(lengths, np.intp), np.asarray(checked, np.intp)
+        out = np.zeros(len(lengths), np.intp)
+        if not len(lengths):
+            return out
+        width = int(lengths.max())
+        tokens = np.asarray(tokens)[:, :width]
+        fast = np.zeros(len(lengths), bool)
+        if self._pieces is not None:
+            shortest, fast = self._pieces.first_actions(tokens, lengths, ACTION_NAMES)
+            # the first closing token at or after the one ending the action, past ``checked``, within the reply
+            lowest = np.where(fast & (shortest > 0), np.maximum(shortest, checked + 1), width + 1)
+            positions = np.arange(1, width + 1)
+            closing = (self._closing[np.minimum(tokens, len(self._closing) - 1)]
+                       & (positions >= lowest[:, None]) & (positions <= lengths[:, None]))
+            at = np.flatnonzero(closing)
+            rows = at // width
+            first = np.flatnonzero(np.diff(rows, prepend=-1))
+            out[rows[first]] = at[first] % width + 1
+        for r in np.flatnonzero(~fast).tolist():
+            out[r] = self._action_length(tokens[r, :lengths[r]].tolist(), int(checked[r]))
         return out
 
     def _action_length(self, ids: Sequence[int], start: int) -> int:
@@ -191,36 +208,16 @@ class GenerateAgent:
                 return n
         return 0
 
-    def _action_length_in(self, text: str, ids: Sequence[int], start: int, pieces: Sequence[str]) -> int:
-        """:meth:`_action_length` on a reply whose text is ``text``, the join of ``pieces`` of ``ids``. A prefix
-        holds an action iff it holds the first match of the whole text (a later match ends later: an action's
-        argument holds no bracket), so the answer is the first closing token at or after the one holding that
-        match's last character."""
-        match = ACTION.search(text)
-        if match is None:
-            return 0
-        shortest, length = len(ids), len(text)
-        while shortest > 0 and length - len(pieces[ids[shortest - 1]]) >= match.end():
-            shortest -= 1
-            length -= len(pieces[ids[shortest]])
-        for n in range(max(shortest, start + 1), len(ids) + 1):
-            if ids[n - 1] in self.closing_ids:
-                return n
-        return 0
+    @functools.cached_property
+    def _pieces(self) -> AsciiPieces | None:
+        return AsciiPieces.of(self.tokenizer, self.stop_token_ids)
 
     @functools.cached_property
-    def _ascii_pieces(self) -> list[str | None] | None:
-        """Each token's text when its bytes are ASCII (stop tokens: empty, as :meth:`decode` drops them), None for
-        the others; None altogether unless the tokenizer decodes byte-level (a reply's text is then its tokens'
-        bytes joined, and ASCII bytes join into the same text however the reply is cut into tokens)."""
-        decoders = getattr(self.tokenizer, "decoder", None)
-        if type(decoders).__name__ != "ByteLevel" or not hasattr(self.tokenizer, "get_vocab_size"):
-            return None
-        pieces: list[str | None] = []
-        for i in range(self.tokenizer.get_vocab_size(with_added_tokens=True)):
-            piece = "" if i in self.stop_token_ids else self.tokenizer.decode([i])
-            pieces.append(piece if piece.isascii() else None)
-        return pieces
+    def _closing(self) -> np.ndarray:
+        """Token id -> whether it is a closing token (one more entry, False, for ids past the vocabulary)."""
+        table = np.zeros(max(self.closing_ids, default=0) + 2, bool)
+        table[sorted(self.closing_ids)] = True
+        return table
 
     def parse(self, text: str) -> tuple[str, str, bool]:
         """``(reply kept, action for the env, parsed)``: the reply up to its first action and that action in

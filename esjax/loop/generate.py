@@ -110,9 +110,9 @@ class TurnTokens:
         self.count[row] = len(tokens)
 
     def append(self, rows: np.ndarray, new: np.ndarray) -> None:
-        """Append ``new [len(rows), steps]`` to ``rows``."""
-        columns = self.count[rows][:, None] + np.arange(new.shape[1])
-        self.tokens[rows[:, None], columns] = new
+        """Append ``new [len(rows), steps]`` to ``rows`` (distinct)."""
+        at = (rows * self.capacity + self.count[rows])[:, None] + np.arange(new.shape[1])
+        self.tokens.reshape(-1)[at] = new
         self.count[rows] += new.shape[1]
 
 
@@ -320,56 +320,57 @@ class GenerateEngine(RolloutEngine):
                      starting: list[tuple[int, GenEpisode]], first: Any, out: Any, stats: GenTickStats
                      ) -> list[GenEpisode]:
         """Take a lane's new tokens into its rows' turns; returns the episodes whose turn ended, in row order."""
+        taking = lane.live_rows()
+        ended = np.zeros(0, np.intp)
         if first is not None:  # the prefilled rows' first tokens
-            slots = np.array([slot for slot, _ in starting], np.int64)
-            self._take_block(turn, slots, to_host(first)[:, None])
-            over = np.zeros(lane.rows, bool)
-            over[slots] = self._turn_over(turn, slots)
-            slots = lane.live_rows()
-            taking = slots[~over[slots]]
-        else:
-            slots = taking = lane.live_rows()
-        stats.useful_steps += self._take_block(turn, taking, to_host(out)[taking])
-        ended = self._turn_over(turn, slots)
-        going = slots[~ended]
-        lane.set_next(going, turn.tokens[going, turn.count[going] - 1])
-        return sorted((self.in_lane[version, slot] for slot in slots[ended].tolist()), key=lambda e: e.row)
+            slots = np.array([slot for slot, _ in starting], np.intp)
+            ended = self._take_block(turn, slots, to_host(first)[:, None])[1]
+            taking = np.setdiff1d(taking, ended, assume_unique=True)
+        new = to_host(out)[taking]
+        kept, ending = self._take_block(turn, taking, new)
+        stats.useful_steps += kept
+        lane.set_next(taking, new[:, -1])  # the next decode step's input (rows whose turn ended are released)
+        episodes = [self.in_lane[version, slot] for slot in np.union1d(ended, ending).tolist()]
+        episodes.sort(key=lambda e: e.row)
+        return episodes
 
-    def _take_block(self, turn: TurnTokens, slots: np.ndarray, new: np.ndarray) -> int:
+    def _take_block(self, turn: TurnTokens, slots: np.ndarray, new: np.ndarray) -> tuple[int, np.ndarray]:
         """Append ``new [len(slots), n]`` to the turns of lane rows ``slots``, each until its turn is over (a stop
-        token, a complete action — marked by a ``-1`` after it — or ``max_new_tokens``); returns the tokens kept.
+        token, a complete action — marked by a ``-1`` after it — or ``max_new_tokens``). Returns the tokens kept
+        and the rows whose turn is over, ascending.
 
-        Rows whose new tokens cannot end the turn (no stop or closing token, ``max_new_tokens`` not reached) take
-        them in one array operation; for the others the agent finds complete actions in one call."""
+        Every row takes the block in one array operation; the few whose block holds a stop or closing token or
+        reaches ``max_new_tokens`` are then cut where their turn ends, the agent finding complete actions for all
+        of them in one call."""
         steps = new.shape[1]
         counts = turn.count[slots]
-        plain = (counts + steps < self.max_new_tokens) & ~self._can_end[new].any(axis=1)
-        turn.append(slots[plain], new[plain])
-        kept = steps * int(plain.sum())
-        slots, new, counts = slots[~plain], new[~plain], counts[~plain]
-        if not len(slots):
-            return kept
+        turn.append(slots, new)
+        ending = np.union1d(np.flatnonzero(self._can_end[new.ravel()]) // steps,
+                            np.flatnonzero(counts + steps >= self.max_new_tokens))
+        kept = steps * (len(slots) - len(ending))
+        if not len(ending):
+            return kept, ending
+        slots, new, counts = slots[ending], new[ending], counts[ending]
         # how many of its new tokens each row takes before a stop token or max_new_tokens ends its turn
-        room = np.where(self._turn_over(turn, slots), 0, np.clip(self.max_new_tokens - counts, 0, steps))
+        room = np.where(self._over(turn, slots, counts), 0, np.clip(self.max_new_tokens - counts, 0, steps))
         stops = self._is_stop[new] & (np.arange(steps) < room[:, None])
         room = np.where(stops.any(axis=1), stops.argmax(axis=1) + 1, room)
-        turn.append(slots, new)  # the tokens past ``room`` are cut by the count below
         turn.count[slots] = counts + room
-        closing = self._is_closing[new] & (np.arange(steps) < room[:, None])
-        rows = np.flatnonzero(closing.any(axis=1))
-        if len(rows):
-            replies = [turn.get(slot) for slot in slots[rows].tolist()]
-            lengths = self.agent.action_lengths(replies, counts[rows].tolist())
-            for row, slot, length in zip(rows.tolist(), slots[rows].tolist(), lengths):
-                if length:  # the turn ends after this many tokens: cut there and mark the action complete
-                    room[row] = length - counts[row]
-                    turn.tokens[slot, length] = -1
-                    turn.count[slot] = length + 1
-        return kept + int(room.sum())
+        closing = np.flatnonzero((self._is_closing[new] & (np.arange(steps) < room[:, None])).any(axis=1))
+        if len(closing):
+            checking = slots[closing]
+            lengths = self.agent.action_lengths(turn.tokens[checking], turn.count[checking], counts[closing])
+            done = lengths > 0  # these turns end after ``lengths`` tokens: cut there, mark the action complete
+            closing, checking, lengths = closing[done], checking[done], lengths[done]
+            room[closing] = lengths - counts[closing]
+            turn.tokens[checking, lengths] = -1
+            turn.count[checking] = lengths + 1
+        return kept + int(room.sum()), slots[self._over(turn, slots)]
 
-    def _turn_over(self, turn: TurnTokens, slots: np.ndarray) -> np.ndarray:
-        """Which of lane rows ``slots`` hold a turn that is over."""
-        counts = turn.count[slots]
+    def _over(self, turn: TurnTokens, slots: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
+        """Which of lane rows ``slots`` hold a turn that is over (after their first ``counts`` tokens: default, all
+        they hold)."""
+        counts = turn.count[slots] if counts is None else counts
         last = turn.tokens[slots, np.maximum(counts - 1, 0)]
         return (counts > 0) & (self._is_stop[last] | (last == -1) | (counts >= self.max_new_tokens))
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+
 
 @runtime_checkable
 class EnvPool(Protocol):
@@ -103,9 +105,10 @@ class GeneratingAgent(Protocol):
         """The text of reply tokens (stop tokens left out)."""
         ...
 
-    def action_lengths(self, replies: Sequence[Sequence[int]], checked: Sequence[int]) -> list[int]:
-        """For each reply's token ids: the length of its shortest prefix longer than ``checked`` tokens that ends
-        at a closing token and holds a complete action (its turn can end there), 0 when none does."""
+    def action_lengths(self, tokens: np.ndarray, lengths: np.ndarray, checked: np.ndarray) -> np.ndarray:
+        """For each reply (row ``r`` of ``tokens``: its first ``lengths[r]`` ids): the length of its shortest prefix
+        longer than ``checked[r]`` tokens that ends at a closing token and holds a complete action (its turn can end
+        there), 0 when none does."""
         ...
 
     def parse(self, text: str) -> tuple[str, str, bool]:

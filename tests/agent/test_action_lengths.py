@@ -28,14 +28,32 @@ def _by_decoding(agent, ids, checked):
 
 
 def test_ascii_tokens_decode_to_their_pieces_joined(agent):
-    pieces = agent._ascii_pieces
+    pieces = agent._pieces
     assert pieces is not None  # the shipped tokenizer is byte-level: the fast path is the one in use
-    ascii_ids = [i for i, p in enumerate(pieces) if p is not None]
-    assert len(ascii_ids) > 0.9 * len(pieces)
+    ascii_ids = np.flatnonzero(pieces.ascii[:pieces.outside])
+    assert len(ascii_ids) > 0.9 * pieces.outside
     rng = np.random.default_rng(0)
-    for _ in range(300):
-        ids = rng.choice(ascii_ids, int(rng.integers(1, 40))).tolist()
-        assert agent.decode(ids) == "".join(pieces[i] for i in ids)
+    replies = [rng.choice(ascii_ids, int(rng.integers(1, 40))).tolist() for _ in range(300)]
+    text, ends = pieces.texts(np.array([i for r in replies for i in [*r, pieces.separator]]))
+    assert text.tobytes().decode() == "".join(agent.decode(r) + "\n" for r in replies)
+    assert ends[-1] == len(text) and ends[len(replies[0])] == len(agent.decode(replies[0])) + 1
+
+
+def test_action_ends_are_the_regular_expressions_matches():
+    """The array search for actions finds what ``ACTION`` finds, on texts dense in names, brackets, line breaks,
+    case changes and word characters around the names."""
+    from esjax.agent.pieces import action_ends
+    from esjax.agent.react import ACTION, ACTION_NAMES
+
+    rng = np.random.default_rng(2)
+    parts = ["search", "click", "SeArCh", "CLICK", "[", "]", "[", "]", "\n", " ", "x", "_", "1", "a b", "clic",
+             "searchs", ",", "buy now", "-"]
+    texts = ["".join(rng.choice(parts, int(rng.integers(0, 30)))) for _ in range(10000)]
+    text = "\n".join(texts)
+    want = [m.end() for m in ACTION.finditer(text)]
+    assert len(want) > 300
+    assert action_ends(np.frombuffer(text.encode(), np.uint8), ACTION_NAMES).tolist() == want
+    assert action_ends(np.frombuffer(b"", np.uint8), ACTION_NAMES).tolist() == []
 
 
 def test_action_lengths_equal_decoding_every_prefix(agent):
@@ -43,7 +61,8 @@ def test_action_lengths_equal_decoding_every_prefix(agent):
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False).ids
     stop = sorted(agent.stop_token_ids)
     closing = sorted(agent.closing_ids)
-    non_ascii = [i for i, p in enumerate(agent._ascii_pieces) if p is None and i not in agent.stop_token_ids]
+    pieces = agent._pieces
+    non_ascii = [int(i) for i in np.flatnonzero(~pieces.ascii[:pieces.outside]) if i not in agent.stop_token_ids]
     texts = [" search[red shirt, size medium]", " click[buy now]", " click[b07hrfsnl4]", "Click[Next >]",
              "search[a] then click[b]", "xsearch[no] search[yes]", "search[broken", "click[x\n] click[y]",
              " search[[nested]]", "]] click[]", "thought: fine\nAction: click[< prev]"]
@@ -52,14 +71,15 @@ def test_action_lengths_equal_decoding_every_prefix(agent):
         head = rng.choice(closing + list(range(200)), int(rng.integers(0, 4))).tolist()
         tail = rng.choice(closing + stop + non_ascii[:20] + list(range(200)), int(rng.integers(0, 6))).tolist()
         replies.append(head + list(replies[int(rng.integers(0, len(texts)))]) + tail)
-    paths = {"fast": 0, "general": 0, "found": 0}
-    for ids in replies:
-        ids = [int(i) for i in ids]
-        for checked in {0, len(ids) // 2, max(len(ids) - 1, 0)}:
-            want = _by_decoding(agent, ids, checked)
-            assert agent.action_lengths([ids], [checked]) == [want], (agent.decode(ids), checked)
-            fast = all(agent._ascii_pieces[i] is not None for i in ids)
-            paths["fast" if fast else "general"] += 1
-            paths["found"] += want > 0
+    rows = [([int(i) for i in ids], checked) for ids in replies for checked in {0, len(ids) // 2, max(len(ids) - 1, 0)}]
+    rows = [(ids, checked) for ids, checked in rows if ids]
+    width = max(len(ids) for ids, _ in rows)
+    tokens = np.array([ids + [int(rng.integers(0, 200))] * (width - len(ids)) for ids, _ in rows])  # past the reply
+    got = agent.action_lengths(tokens, [len(ids) for ids, _ in rows], [checked for _, checked in rows])
+    want = [_by_decoding(agent, ids, checked) for ids, checked in rows]
+    assert got.tolist() == want
+    fast = [all(agent._pieces.ascii[min(i, agent._pieces.outside)] for i in ids) for ids, _ in rows]
+    paths = {"fast": sum(fast), "general": len(fast) - sum(fast), "found": sum(w > 0 for w in want),
+             "found fast": sum(w > 0 and f for w, f in zip(want, fast))}
     assert min(paths.values()) > 50, paths
-    assert agent.action_lengths([], []) == []
+    assert len(agent.action_lengths(np.zeros((0, 3), int), [], [])) == 0

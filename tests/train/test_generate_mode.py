@@ -257,9 +257,10 @@ def test_block_token_intake_equals_taking_tokens_one_by_one(shop, action_policy)
             turn.put(r, tokens)
         new = rng.choice(vocab, (rows, n)).astype(np.int32)
         slots = np.arange(rows)
-        kept = engine._take_block(turn, slots, new)
+        kept, ended = engine._take_block(turn, slots, new)
         want_kept = 0
-        over = engine._turn_over(turn, slots)
+        over = engine._over(turn, slots)
+        assert ended.tolist() == np.flatnonzero(over).tolist()
         for r in range(rows):
             tokens = list(start[r])
             want_kept += _take_one_by_one(engine, tokens, new[r].tolist())
