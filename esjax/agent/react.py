@@ -203,6 +203,7 @@ class GenerateAgent:
         return out
 
     def _action_length(self, ids: Sequence[int], start: int) -> int:
+        """:meth:`action_lengths` of one reply, as specified: a ``decode`` and a search per closing token."""
         for n in range(start + 1, len(ids) + 1):
             if ids[n - 1] in self.closing_ids and self.complete(self.decode(ids[:n])):
                 return n

@@ -110,7 +110,8 @@ class TurnTokens:
         self.count[row] = len(tokens)
 
     def append(self, rows: np.ndarray, new: np.ndarray) -> None:
-        """Append ``new [len(rows), steps]`` to ``rows`` (distinct)."""
+        """Append ``new [len(rows), steps]`` to ``rows`` (distinct; written through a flat view of ``tokens``, which
+        is always C-contiguous: made by ``np.zeros`` / ``np.concatenate``)."""
         at = (rows * self.capacity + self.count[rows])[:, None] + np.arange(new.shape[1])
         self.tokens.reshape(-1)[at] = new
         self.count[rows] += new.shape[1]
