@@ -64,7 +64,8 @@ class AsciiPieces:
             rows = row_of[last]
             first = np.flatnonzero(np.diff(rows, prepend=-1))  # actions come in text order: a row's first
             rows, last = rows[first], last[first]
-            shortest[rows] = last - (ends_of_rows[rows] + rows - lengths[rows]) + 1
+            row_starts = ends_of_rows[rows] + rows - lengths[rows]  # in ``ids``: each earlier row ends with a break
+            shortest[rows] = last - row_starts + 1
         return shortest, ascii_rows
 
     def texts(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
