@@ -14,6 +14,9 @@ helpers to tests (session-scoped: they hold no state).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import os
 import socket
 import subprocess
@@ -121,6 +124,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return rank.get(name, len(rank)), -len(modules[module]) if name not in rank else 0, modules[module][0]
 
     items[:] = [items[i] for module in sorted(modules, key=key) for i in modules[module]]
+
+
+def free_test_memory() -> None:
+    """Drop JAX's compiled programs and traces, collect garbage and hand freed heap back to the OS."""
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        jax.clear_caches()
+    gc.collect()
+    with contextlib.suppress(AttributeError, OSError):  # not glibc
+        ctypes.CDLL(None).malloc_trim(0)  # glibc keeps freed arenas mapped otherwise
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_memory_after_each_module():
+    """A worker runs a few hundred tests, and every module's compiled programs stayed in its caches: its memory only
+    grew, to 4.2 GB by the end of the suite (3 workers, session 24), and the last CI run died of a MemoryError in a
+    worker (stop 49). Five heavy modules in one process: 3.2 GB without this, 0.6 GB with it, same wall time (the
+    modules share few programs)."""
+    yield
+    free_test_memory()
 
 
 def subprocess_env(*, devices: int | None = None, fast: bool = False, xla_flags: str = "",

@@ -17,3 +17,15 @@ def test_workers_compile_without_the_persistent_cache_and_children_with_it():
 def test_a_hung_test_fails_after_the_suite_timeout(pytestconfig):
     """pytest-timeout bounds every test (pyproject.toml), so a hang fails one test instead of stalling CI."""
     assert pytestconfig.getini("timeout") and float(pytestconfig.getini("timeout")) >= 600
+
+
+def test_compiled_programs_are_dropped_between_modules():
+    """What runs after every test module (tests/conftest.py) empties JAX's compiled-program caches, so a worker's
+    memory does not grow with the number of modules it has run."""
+    from conftest import free_test_memory
+
+    square = jax.jit(lambda x: x * x)
+    square(3.0)
+    assert square._cache_size() == 1
+    free_test_memory()
+    assert square._cache_size() == 0
