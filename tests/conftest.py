@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+from crash_rerun import pytest_terminal_summary, pytest_xdist_make_scheduler  # noqa: F401 (hooks)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -29,3 +29,49 @@ def test_compiled_programs_are_dropped_between_modules():
     assert square._cache_size() == 1
     free_test_memory()
     assert square._cache_size() == 0
+
+
+CRASHING_MODULE = '''
+import os
+from pathlib import Path
+
+def test_before():
+    pass
+
+def test_crashes_once():
+    flag = Path(os.environ["CRASH_FLAG"])
+    if not flag.exists():
+        flag.touch()
+        os.abort()
+
+def test_crashes_always():
+    os.abort()
+
+def test_after():
+    pass
+'''
+
+
+def test_a_crashed_worker_reruns_its_test_once_and_the_run_goes_on(tmp_path):
+    """``--dist loadscope`` with tests/crash_rerun.py: a test that kills its worker once passes on its second run in a
+    new worker, one that kills it every time fails, the rest of its module still runs, and the run ends (xdist's own
+    ``loadscope`` hung here). Both are named in the summary."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    (tmp_path / "conftest.py").write_text("from crash_rerun import pytest_terminal_summary, "
+                                          "pytest_xdist_make_scheduler  # noqa: F401\n")
+    (tmp_path / "test_crashing.py").write_text(CRASHING_MODULE)
+    (tmp_path / "test_other.py").write_text("def test_other():\n    pass\n")
+    env = {**subprocess_env(), "PYTHONPATH": str(REPO / "tests"), "CRASH_FLAG": str(tmp_path / "crashed")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadscope", "-p",
+                           "no:cacheprovider", "-p", "no:randomly", str(tmp_path)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout
+    assert proc.returncode == 1, out[-3000:]
+    assert "1 failed, 4 passed" in out, out[-3000:]
+    assert "FAILED test_crashing.py::test_crashes_always" in out
+    summary = out.split("tests that crashed their worker and ran again in a new one")[1]
+    assert "test_crashing.py::test_crashes_once" in summary and "test_crashing.py::test_crashes_always" in summary
