@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from esjax.agent.automaton import ActionAutomaton
 from esjax.agent.pieces import AsciiPieces
 
 ACTION = re.compile(r"\b(search|click)\[([^\[\]\n]*)\]", re.IGNORECASE)
@@ -208,6 +209,11 @@ class GenerateAgent:
             if ids[n - 1] in self.closing_ids and self.complete(self.decode(ids[:n])):
                 return n
         return 0
+
+    @functools.cached_property
+    def automaton(self) -> ActionAutomaton:
+        """:data:`ACTION` as an automaton over token ids (the decode path's turn-end test)."""
+        return ActionAutomaton.of(self._pieces, ACTION_NAMES, self.tokenizer.get_vocab_size(with_added_tokens=True))
 
     @functools.cached_property
     def _pieces(self) -> AsciiPieces | None:

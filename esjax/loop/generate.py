@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from esjax.agent.automaton import ACCEPT, UNKNOWN
 from esjax.agent.buckets import next_power_of_two
 from esjax.agent.lanes import PREFILL_BUCKETS, Lane, RowState, Sampling, split_seed
 from esjax.es.noise import NoiseSpec
@@ -94,6 +95,7 @@ class TurnTokens:
         self.capacity = capacity
         self.tokens = np.zeros((rows, capacity), np.int32)
         self.count = np.zeros(rows, np.int64)
+        self.state = np.zeros(rows, np.int32)  # each turn's ActionAutomaton state
 
     def fit(self, rows: int) -> None:
         """Grow to ``rows`` rows (a lane that grew)."""
@@ -101,13 +103,15 @@ class TurnTokens:
             extra = rows - len(self.count)
             self.tokens = np.concatenate([self.tokens, np.zeros((extra, self.capacity), np.int32)])
             self.count = np.concatenate([self.count, np.zeros(extra, np.int64)])
+            self.state = np.concatenate([self.state, np.zeros(extra, np.int32)])
 
     def get(self, row: int) -> list[int]:
         return self.tokens[row, :self.count[row]].tolist()
 
-    def put(self, row: int, tokens: list[int]) -> None:
+    def put(self, row: int, tokens: list[int], state: int) -> None:
         self.tokens[row, :len(tokens)] = tokens
         self.count[row] = len(tokens)
+        self.state[row] = state
 
     def append(self, rows: np.ndarray, new: np.ndarray) -> None:
         """Append ``new [len(rows), steps]`` to ``rows`` (distinct; written through a flat view of ``tokens``, which
@@ -159,12 +163,12 @@ class GenerateEngine(RolloutEngine):
         self.lane_length = longest_prefill + 2 * (max_new_tokens + decode_steps)
         self.lanes: dict[int, Lane] = {}
         self.turn_tokens: dict[int, TurnTokens] = {}  # version -> its lane rows' turns so far
-        # token id -> ends a turn (an end-of-sequence token) / may complete an action / either
+        # token id -> ends a turn (an end-of-sequence token) / may complete an action
         size = max([model_config.vocab_size, *agent.stop_token_ids, *agent.closing_ids]) + 1
         self._is_stop, self._is_closing = np.zeros(size, bool), np.zeros(size, bool)
         self._is_stop[sorted(agent.stop_token_ids)] = True
         self._is_closing[sorted(agent.closing_ids)] = True
-        self._can_end = self._is_stop | self._is_closing
+        self.automaton = agent.automaton
         self.lane_row: dict[int, tuple[int, int]] = {}  # env row -> (version, lane row)
         self.in_lane: dict[tuple[int, int], GenEpisode] = {}  # (version, lane row) -> its episode
         self.live: dict[int, GenEpisode] = {}
@@ -276,7 +280,7 @@ class GenerateEngine(RolloutEngine):
                 stats.tokens += len(ids) + len(episode.tokens)
             turn.fit(lane.rows)
             for slot, episode in starting:
-                turn.put(slot, episode.tokens)
+                turn.put(slot, episode.tokens, self.automaton.state_of(episode.tokens))
             stats.prepare_s += time.perf_counter() - t0
             t0 = time.perf_counter()
             sigma = float(self.sigma_at(version))
@@ -340,32 +344,38 @@ class GenerateEngine(RolloutEngine):
         token, a complete action — marked by a ``-1`` after it — or ``max_new_tokens``). Returns the tokens kept
         and the rows whose turn is over, ascending.
 
-        Every row takes the block in one array operation; the few whose block holds a stop or closing token or
-        reaches ``max_new_tokens`` are then cut where their turn ends, the agent finding complete actions for all
-        of them in one call."""
+        Every row takes the block, and its action automaton the block's tokens, in a few array operations; only the
+        rows whose block holds a stop token, completes an action or reaches ``max_new_tokens`` are then cut where
+        their turn ends. A reply the automaton can't read (a token that is not ASCII) is asked of the agent at
+        each closing token."""
         steps = new.shape[1]
         counts = turn.count[slots]
         turn.append(slots, new)
-        ending = np.union1d(np.flatnonzero(self._can_end[new.ravel()]) // steps,
-                            np.flatnonzero(counts + steps >= self.max_new_tokens))
+        states = self.automaton.advance(turn.state[slots], new)
+        turn.state[slots] = states[:, -1]
+        unread = (states == UNKNOWN) & self._is_closing[new]
+        marks = self._is_stop[new] | (states == ACCEPT) | unread
+        ending = np.flatnonzero(marks.any(axis=1) | (counts + steps >= self.max_new_tokens))
         kept = steps * (len(slots) - len(ending))
         if not len(ending):
             return kept, ending
-        slots, new, counts = slots[ending], new[ending], counts[ending]
+        slots, new, counts, states, unread = slots[ending], new[ending], counts[ending], states[ending], unread[ending]
         # how many of its new tokens each row takes before a stop token or max_new_tokens ends its turn
         room = np.where(self._over(turn, slots, counts), 0, np.clip(self.max_new_tokens - counts, 0, steps))
         stops = self._is_stop[new] & (np.arange(steps) < room[:, None])
         room = np.where(stops.any(axis=1), stops.argmax(axis=1) + 1, room)
+        within = np.arange(steps) < room[:, None]
+        accepted = (states == ACCEPT) & within
+        lengths = np.where(accepted.any(axis=1), counts + accepted.argmax(axis=1) + 1, 0)  # the action's last token
         turn.count[slots] = counts + room
-        closing = np.flatnonzero((self._is_closing[new] & (np.arange(steps) < room[:, None])).any(axis=1))
-        if len(closing):
-            checking = slots[closing]
-            lengths = self.agent.action_lengths(turn.tokens[checking], turn.count[checking], counts[closing])
-            done = lengths > 0  # these turns end after ``lengths`` tokens: cut there, mark the action complete
-            closing, checking, lengths = closing[done], checking[done], lengths[done]
-            room[closing] = lengths - counts[closing]
-            turn.tokens[checking, lengths] = -1
-            turn.count[checking] = lengths + 1
+        asking = np.flatnonzero((unread & within).any(axis=1) & (lengths == 0))
+        if len(asking):
+            rows = slots[asking]
+            lengths[asking] = self.agent.action_lengths(turn.tokens[rows], turn.count[rows], counts[asking])
+        done = np.flatnonzero(lengths)  # these turns end after ``lengths`` tokens: cut there, mark the action complete
+        room[done] = lengths[done] - counts[done]
+        turn.tokens[slots[done], lengths[done]] = -1
+        turn.count[slots[done]] = lengths[done] + 1
         return kept + int(room.sum()), slots[self._over(turn, slots)]
 
     def _over(self, turn: TurnTokens, slots: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:

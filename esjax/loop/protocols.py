@@ -8,9 +8,12 @@ loop itself never imports a task. The staleness schedule's seam is :class:`esjax
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from esjax.agent.automaton import ActionAutomaton
 
 
 @runtime_checkable
@@ -88,6 +91,7 @@ class GeneratingAgent(Protocol):
 
     stop_token_ids: frozenset[int]  # tokens that end a reply
     closing_ids: frozenset[int]  # tokens after which a reply may hold a complete action
+    automaton: ActionAutomaton  # where a reply first holds a complete action, token by token (decode path)
 
     def new_memory(self, instruction: str) -> Any:
         """The memory of a new episode."""
@@ -108,7 +112,7 @@ class GeneratingAgent(Protocol):
     def action_lengths(self, tokens: np.ndarray, lengths: np.ndarray, checked: np.ndarray) -> np.ndarray:
         """For each reply (row ``r`` of ``tokens``: its first ``lengths[r]`` ids): the length of its shortest prefix
         longer than ``checked[r]`` tokens that ends at a closing token and holds a complete action (its turn can end
-        there), 0 when none does."""
+        there), 0 when none does. The engine asks it for the replies ``automaton`` can't read."""
         ...
 
     def parse(self, text: str) -> tuple[str, str, bool]:

@@ -83,3 +83,61 @@ def test_action_lengths_equal_decoding_every_prefix(agent):
              "found fast": sum(w > 0 and f for w, f in zip(want, fast))}
     assert min(paths.values()) > 50, paths
     assert len(agent.action_lengths(np.zeros((0, 3), int), [], [])) == 0
+
+
+def test_byte_automaton_accepts_where_the_regular_expression_first_matches():
+    """The action pattern's automaton (esjax.agent.automaton) reaches ACCEPT at the first byte where the text so far
+    holds an ``ACTION`` match, on texts dense in names, brackets, line breaks, case changes and word characters."""
+    from esjax.agent.automaton import ACCEPT, START, UNKNOWN, byte_automaton
+    from esjax.agent.react import ACTION, ACTION_NAMES
+
+    table = byte_automaton(ACTION_NAMES)
+    rng = np.random.default_rng(3)
+    parts = ["search", "click", "SeArCh", "CLICK", "[", "]", "\n", " ", "x", "_", "1", "clic", "searchs", ",", "-",
+             " search[", "click[", "CLICK[", "]", " "]
+    matched = 0
+    for _ in range(3000):
+        text = "".join(rng.choice(parts, int(rng.integers(0, 12))))
+        state, first = START, 0
+        for k, byte in enumerate(text.encode()):
+            state = table[state, byte]
+            if state == ACCEPT:
+                first = k + 1
+                break
+        want = next((k for k in range(1, len(text) + 1) if ACTION.search(text[:k])), 0)
+        assert first == want, text
+        matched += want > 0
+    assert matched > 200
+    assert table[START, "é".encode()[0]] == UNKNOWN and (table[ACCEPT] == ACCEPT).all()
+
+
+def test_token_automaton_equals_decoding_every_prefix(agent):
+    """On the shipped tokenizer: a reply's automaton state is ACCEPT from the first token where decoding the reply
+    so far finds an action, and UNKNOWN (the agent is asked instead) once a token that is not ASCII came before."""
+    from esjax.agent.automaton import ACCEPT, START, UNKNOWN
+
+    automaton, rng = agent.automaton, np.random.default_rng(4)
+    encode = lambda text: agent.tokenizer.encode(text, add_special_tokens=False).ids
+    texts = [" search[red shirt, size medium]", " click[buy now]", "Click[Next >]", "search[a] then click[b]",
+             "xsearch[no] search[yes]", "search[broken", "click[x\n] click[y]", " search[[nested]]", "]] click[]",
+             "thought: fine\nAction: click[< prev]", " click[café]", "é search[x]"]
+    noise = encode(" ] [ x click search\n") + sorted(agent.stop_token_ids)
+    replies = [encode(t) for t in texts]
+    replies += [list(rng.choice(noise, 2)) + replies[int(rng.integers(len(texts)))] + list(rng.choice(noise, 3))
+                for _ in range(300)]
+    replies = [[int(t) for t in r] for r in replies]
+    width = max(map(len, replies))
+    tokens = np.array([r + [0] * (width - len(r)) for r in replies])
+    states = automaton.advance(np.full(len(replies), START, np.int32), tokens)
+    unknown = 0
+    for r, ids in enumerate(replies):
+        row = states[r, :len(ids)]
+        if (row == UNKNOWN).any():
+            unknown += 1
+            known = row[:np.argmax(row == UNKNOWN)]  # before it the automaton read the reply exactly
+            assert not (known == ACCEPT).any() or _by_decoding(agent, ids, 0) == np.argmax(known == ACCEPT) + 1
+            continue
+        accepted = np.flatnonzero(row == ACCEPT)
+        assert (accepted[0] + 1 if len(accepted) else 0) == _by_decoding(agent, ids, 0), agent.decode(ids)
+        assert automaton.state_of(ids) == row[-1]
+    assert 10 < unknown < len(replies) - 100

@@ -193,7 +193,8 @@ def shop():
     return load_webshop("webshop_small")
 
 
-def _engine(shop, policy, rows=4, sigma=0.0, spec=None, max_steps=3, temperature=1.0, steps=2, unperturbed_turns=0):
+def _engine(shop, policy, rows=4, sigma=0.0, spec=None, max_steps=3, temperature=1.0, steps=2, unperturbed_turns=0,
+            max_new_tokens=6):
     from envs.webshop_bridge import InProcessEnvPool
     from esjax.config import load_config
     from esjax.loop.generate import GenerateEngine
@@ -202,7 +203,7 @@ def _engine(shop, policy, rows=4, sigma=0.0, spec=None, max_steps=3, temperature
     config = load_config(None, ["agent.mode=generate", "agent.max_prompt_tokens=256"])
     agent = build_generate_agent(config.agent, policy)
     return GenerateEngine(InProcessEnvPool(shop, rows), agent, policy.config, spec or NoiseSpec(seed=0, rank=1),
-                          lambda v: sigma, max_steps, Sampling(temperature, 0.9, 20), max_new_tokens=6,
+                          lambda v: sigma, max_steps, Sampling(temperature, 0.9, 20), max_new_tokens=max_new_tokens,
                           decode_steps=steps, max_prompt_tokens=256, unperturbed_turns=unperturbed_turns)
 
 
@@ -236,38 +237,81 @@ def _take_one_by_one(engine, tokens: list[int], new: list[int]) -> int:
     return kept
 
 
-def test_block_token_intake_equals_taking_tokens_one_by_one(shop, action_policy):
-    """A decode call's tokens go into the turns as array operations (the rows that may end their turn: one call to
-    the agent for complete actions): every row ends with exactly what per-token intake gives (stop and closing
-    tokens, complete actions, max_new_tokens reached mid-block, turns already holding tokens)."""
+def _check_block_intake(engine, start: list[list[int]], new: np.ndarray) -> dict[str, int]:
+    """Take block ``new [rows, n]`` into turns holding ``start``; assert every row ends with what per-token intake
+    gives, and return how many turns ended which way."""
     from esjax.loop.generate import TurnTokens
 
+    turn = TurnTokens(len(start), engine.max_new_tokens + new.shape[1] + 1)
+    for r, tokens in enumerate(start):
+        turn.put(r, tokens, engine.automaton.state_of(tokens))
+    slots = np.arange(len(start))
+    kept, ended = engine._take_block(turn, slots, new)
+    over = engine._over(turn, slots)
+    assert ended.tolist() == np.flatnonzero(over).tolist()
+    want_kept, ends = 0, {"stop or length": 0, "complete action": 0, "going on": 0}
+    for r in range(len(start)):
+        tokens = list(start[r])
+        want_kept += _take_one_by_one(engine, tokens, new[r].tolist())
+        assert turn.get(r) == tokens, r
+        ends["going on" if not over[r] else "complete action" if tokens[-1] == -1 else "stop or length"] += 1
+    assert kept == want_kept
+    return ends
+
+
+def test_block_token_intake_equals_taking_tokens_one_by_one(shop, action_policy):
+    """A decode call's tokens go into the turns as array operations: every row ends with exactly what per-token
+    intake gives (stop and closing tokens, complete actions, max_new_tokens reached mid-block, turns already
+    holding tokens). This tokenizer is not byte-level: the automaton reads nothing and the agent is asked at
+    every closing token."""
     engine = _engine(shop, action_policy, steps=4)
     agent, rng = engine.agent, np.random.default_rng(0)
-    plain = [t for t in range(engine.model_config.vocab_size) if not engine._can_end[t]]
+    plain = [t for t in range(engine.model_config.vocab_size) if not (engine._is_stop[t] or engine._is_closing[t])]
     special = sorted(agent.closing_ids | agent.stop_token_ids)
     vocab = [*plain[:60], *special[:6]]
-    ends = {"stop or length": 0, "complete action": 0, "going on": 0}
-    for trial in range(20):
+    ends = dict.fromkeys(("stop or length", "complete action", "going on"), 0)
+    for _ in range(20):
         rows, n = 16, int(rng.integers(1, 6))
-        turn = TurnTokens(rows, engine.max_new_tokens + n + 1)
         start = [[int(t) for t in rng.choice(plain[:60], int(rng.integers(0, engine.max_new_tokens)))]
                  for _ in range(rows)]
-        for r, tokens in enumerate(start):
-            turn.put(r, tokens)
-        new = rng.choice(vocab, (rows, n)).astype(np.int32)
-        slots = np.arange(rows)
-        kept, ended = engine._take_block(turn, slots, new)
-        want_kept = 0
-        over = engine._over(turn, slots)
-        assert ended.tolist() == np.flatnonzero(over).tolist()
-        for r in range(rows):
-            tokens = list(start[r])
-            want_kept += _take_one_by_one(engine, tokens, new[r].tolist())
-            assert turn.get(r) == tokens, (trial, r)
-            ends["going on" if not over[r] else "complete action" if tokens[-1] == -1 else "stop or length"] += 1
-        assert kept == want_kept
+        for way, count in _check_block_intake(engine, start, rng.choice(vocab, (rows, n)).astype(np.int32)).items():
+            ends[way] += count
     assert min(ends.values()) > 5, ends  # every way a turn ends (or not) was taken
+
+
+def test_block_token_intake_with_the_action_automaton(shop):
+    """The same on the shipped byte-level tokenizer, where the action automaton finds complete actions (replies
+    with a token that is not ASCII go to the agent): replies cut anywhere from real actions, noise around them."""
+    from esjax.agent.policy import load_policy
+    from esjax.config import load_config
+
+    config = load_config(REPO / "configs" / "generate.yaml")
+    policy = load_policy(config.model.source, embedded=config.model.embedded)
+    engine = _engine(shop, policy, steps=4, max_new_tokens=24)
+    agent, rng = engine.agent, np.random.default_rng(1)
+    encode = lambda text: agent.tokenizer.encode(text, add_special_tokens=False).ids
+    replies = [encode(t) for t in (" search[red shirt, size medium]", " click[buy now]", "Click[Next >]",
+                                   "search[a] then click[b]", "xsearch[no] search[yes]", "search[broken",
+                                   "click[x\n] click[y]", " search[[nested]]", " click[caf\u00e9 cr\u00e8me]",
+                                   "\u00e9search[x] click[y]", "thought: fine\nAction: click[< prev]")]
+    words = encode(" ] [ x click search\n")
+    noise = words + sorted(agent.stop_token_ids)
+    ends = dict.fromkeys(("stop or length", "complete action", "going on"), 0)
+    for _ in range(30):
+        rows, n = 16, int(rng.integers(1, 9))
+        start, new = [], np.zeros((rows, n), np.int32)
+        for r in range(rows):
+            reply = replies[int(rng.integers(len(replies)))]
+            reply = [int(t) for t in rng.choice(words, int(rng.integers(0, 2)))] + reply  # a live turn: no stop yet
+            cut = int(rng.integers(0, len(reply) + 1))
+            while cut and agent.complete(agent.decode(reply[:cut])):  # a turn holding an action has ended
+                cut -= 1
+            rest = reply[cut:] + [int(t) for t in rng.choice(noise, n)]
+            start.append(reply[:cut][:engine.max_new_tokens - 1])
+            new[r] = rest[:n]
+        for way, count in _check_block_intake(engine, start, new).items():
+            ends[way] += count
+    assert min(ends.values()) > 5, ends
 
 
 def test_episodes_are_deterministic_and_members_share_the_sampling_stream(shop, action_policy):

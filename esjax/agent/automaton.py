@@ -1,0 +1,113 @@
+"""The action pattern as a deterministic automaton over token ids (generate mode's decode path).
+
+A reply's state is advanced by each new token with one table lookup, for every row of a decode call at once, and a
+turn can end at the token whose state is :data:`ACCEPT`: no reply text is built and nothing is searched while
+decoding. The table is built once from a byte-level tokenizer's ASCII tokens (:class:`AsciiPieces`): a reply of
+such tokens decodes to their texts joined, so running the byte automaton over the tokens' texts is running it over
+the reply. A token that is not ASCII sends the reply to :data:`UNKNOWN`, where the caller asks the general path
+(around a non-ASCII letter ``\\b`` and case folding depend on the decoded character).
+
+The byte automaton is the subset construction of ``\\b(name|...)\\[[^\\[\\]\\n]*\\]`` searched anywhere, with
+``re.IGNORECASE`` on ASCII (names lower-case ASCII letters): a state is whether the last byte was a word character,
+which name prefixes are matched so far, and whether some match is inside its argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from esjax.agent.pieces import _CLOSE, _LINE, _OPEN, _WORD, AsciiPieces
+
+START, ACCEPT, UNKNOWN = 0, 1, 2  # a reply with no byte yet; one holding a complete action; one the table can't read
+_PAD = 256  # a byte column that changes no state (pads token texts to one width)
+
+
+def byte_automaton(names: Sequence[bytes]) -> np.ndarray:
+    """``[states, 257]``: the next state per byte (column 256 changes nothing) of the action pattern with ``names``;
+    states :data:`START`, :data:`ACCEPT` and :data:`UNKNOWN` (any byte past ASCII) first."""
+    start = (False, frozenset(), False)  # (last byte a word character, name prefixes matched, in an argument)
+    ids: dict[object, int] = {start: START, "accept": ACCEPT, "unknown": UNKNOWN}
+    rows: dict[int, list[int]] = {ACCEPT: [ACCEPT] * 257, UNKNOWN: [UNKNOWN] * 257}
+    queue = [start]
+    while queue:
+        key = queue.pop()
+        row = []
+        for byte in range(256):
+            nxt = _step(key, byte, names)
+            if nxt not in ids:
+                ids[nxt] = len(ids)
+                queue.append(nxt)
+            row.append(ids[nxt])
+        rows[ids[key]] = row + [ids[key]]
+    return np.array([rows[i] for i in range(len(ids))], np.int32)
+
+
+def _step(key: tuple[bool, frozenset, bool], byte: int, names: Sequence[bytes]) -> object:
+    word, prefixes, in_argument = key
+    if byte >= 128:
+        return "unknown"
+    if in_argument and byte == _CLOSE:
+        return "accept"
+    named = any(j == len(names[n]) for n, j in prefixes)
+    argument = (byte == _OPEN and named) or (in_argument and byte not in (_OPEN, _LINE))
+    letter = byte | 0x20 if chr(byte).isalpha() else byte
+    grown = {(n, j + 1) for n, j in prefixes if j < len(names[n]) and names[n][j] == letter}
+    if not word:  # a name starts on a word boundary
+        grown |= {(n, 1) for n, name in enumerate(names) if name[0] == letter}
+    return bool(_WORD[byte]), frozenset(grown), argument
+
+
+class ActionAutomaton:
+    """Token id → next state, for every state (``table [states, vocab + 1]``; the last column, where every id at
+    or past ``vocab`` goes, leads to :data:`UNKNOWN`)."""
+
+    def __init__(self, table: np.ndarray):
+        self.table = table
+        self.vocab = table.shape[1] - 1
+
+    @classmethod
+    def of(cls, pieces: AsciiPieces | None, names: Sequence[bytes], vocab: int) -> ActionAutomaton:
+        """From a byte-level tokenizer's ASCII pieces (None: no byte-level tokenizer, every reply is
+        :data:`UNKNOWN`), for token ids below ``vocab``."""
+        if pieces is None:
+            return cls(np.full((3, vocab + 1), UNKNOWN, np.int32))
+        bytes_table = byte_automaton(names)
+        known = min(vocab, pieces.outside)
+        lengths = pieces.length[:known]
+        order = np.argsort(-lengths, kind="stable")  # longest first: step k feeds the tokens longer than k
+        texts = np.full((known, max(int(lengths.max(initial=0)), 1)), _PAD, np.intp)
+        inside = np.arange(texts.shape[1]) < lengths[:, None]
+        texts[inside] = pieces.buffer[np.repeat(pieces.start[:known], lengths) + _offsets(lengths)]
+        table = np.full((len(bytes_table), vocab + 1), UNKNOWN, np.int32)
+        for state in range(len(bytes_table)):
+            current = np.full(known, state, np.int32)
+            for k in range(texts.shape[1]):
+                longer = order[:np.count_nonzero(lengths > k)]
+                current[longer] = bytes_table[current[longer], texts[longer, k]]
+            table[state, :known] = np.where(pieces.ascii[:known], current, UNKNOWN)
+        return cls(table)
+
+    def advance(self, states: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """The states after each of ``tokens [rows, n]`` from ``states [rows]``: ``[rows, n]`` (a view)."""
+        columns = np.minimum(tokens, self.vocab).T.copy()
+        flat, width = self.table.reshape(-1), self.table.shape[1]
+        out = np.empty(columns.shape, np.int32)
+        current = states
+        for j, column in enumerate(columns):
+            current = out[j] = flat.take(current * width + column)
+        return out.T
+
+    def state_of(self, tokens: Sequence[int]) -> int:
+        """The state of a reply after ``tokens``."""
+        state = START
+        for token in tokens:
+            state = int(self.table[state, min(token, self.vocab)])
+        return state
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    """0 … length-1 for each length, concatenated."""
+    ends = np.cumsum(lengths)
+    return np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - lengths, lengths)
