@@ -90,14 +90,14 @@ class ActionAutomaton:
         return cls(table)
 
     def advance(self, states: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        """The states after each of ``tokens [rows, n]`` from ``states [rows]``: ``[rows, n]`` (a view)."""
-        columns = np.minimum(tokens, self.vocab).T.copy()
+        """The states after each step of ``tokens [n, rows]`` from ``states [rows]``: ``[n, rows]``."""
+        steps = np.minimum(tokens, self.vocab)
         flat, width = self.table.reshape(-1), self.table.shape[1]
-        out = np.empty(columns.shape, np.int32)
+        out = np.empty(steps.shape, np.int32)
         current = states
-        for j, column in enumerate(columns):
+        for j, column in enumerate(steps):
             current = out[j] = flat.take(current * width + column)
-        return out.T
+        return out
 
     def state_of(self, tokens: Sequence[int]) -> int:
         """The state of a reply after ``tokens``."""

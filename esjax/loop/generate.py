@@ -37,6 +37,7 @@ in the uninterrupted run exactly as in a run resumed from that checkpoint, so th
 from __future__ import annotations
 
 import dataclasses
+import operator
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -53,6 +54,7 @@ from esjax.loop.tasks import hash_ints
 from esjax.model.config import ModelConfig
 from esjax.model.sharding import to_host
 
+_ROW = operator.attrgetter("row")  # episodes in env-row order (the serial tick's order)
 _TAG_TURN = 0x7E57  # separates the turn seeds from any other use of the sampling seed
 
 
@@ -115,10 +117,16 @@ class TurnTokens:
 
     def append(self, rows: np.ndarray, new: np.ndarray) -> None:
         """Append ``new [len(rows), steps]`` to ``rows`` (distinct; written through a flat view of ``tokens``, which
-        is always C-contiguous: made by ``np.zeros`` / ``np.concatenate``)."""
-        at = (rows * self.capacity + self.count[rows])[:, None] + np.arange(new.shape[1])
-        self.tokens.reshape(-1)[at] = new
+        is always C-contiguous: made by ``np.zeros`` / ``np.concatenate``; indices laid out ``[steps, rows]``, as
+        numpy is slow over a short last axis)."""
+        at = np.arange(new.shape[1])[:, None] + (rows * self.capacity + self.count[rows])
+        self.tokens.reshape(-1)[at] = new.T
         self.count[rows] += new.shape[1]
+
+
+def _first(mask: np.ndarray) -> np.ndarray:
+    """Per column of ``mask [steps, rows]``: the index of its first True, ``steps`` when none."""
+    return np.where(mask, np.arange(len(mask))[:, None], len(mask)).min(axis=0)
 
 
 def turn_seed(sampling_seed: int, position: int, turn: int) -> int:
@@ -328,15 +336,17 @@ class GenerateEngine(RolloutEngine):
         taking = lane.live_rows()
         ended = np.zeros(0, np.intp)
         if first is not None:  # the prefilled rows' first tokens
-            slots = np.array([slot for slot, _ in starting], np.intp)
+            slots = np.fromiter((slot for slot, _ in starting), np.intp, len(starting))
             ended = self._take_block(turn, slots, to_host(first)[:, None])[1]
-            taking = np.setdiff1d(taking, ended, assume_unique=True)
+            if len(ended):
+                taking = taking[~np.isin(taking, ended, assume_unique=True)]
         new = to_host(out)[taking]
         kept, ending = self._take_block(turn, taking, new)
         stats.useful_steps += kept
         lane.set_next(taking, new[:, -1])  # the next decode step's input (rows whose turn ended are released)
-        episodes = [self.in_lane[version, slot] for slot in np.union1d(ended, ending).tolist()]
-        episodes.sort(key=lambda e: e.row)
+        in_lane = self.in_lane
+        episodes = [in_lane[version, slot] for slot in np.concatenate([ended, ending]).tolist()]
+        episodes.sort(key=_ROW)
         return episodes
 
     def _take_block(self, turn: TurnTokens, slots: np.ndarray, new: np.ndarray) -> tuple[int, np.ndarray]:
@@ -351,24 +361,26 @@ class GenerateEngine(RolloutEngine):
         steps = new.shape[1]
         counts = turn.count[slots]
         turn.append(slots, new)
-        states = self.automaton.advance(turn.state[slots], new)
-        turn.state[slots] = states[:, -1]
-        unread = (states == UNKNOWN) & self._is_closing[new]
-        marks = self._is_stop[new] | (states == ACCEPT) | unread
-        ending = np.flatnonzero(marks.any(axis=1) | (counts + steps >= self.max_new_tokens))
+        columns = new.T  # [steps, rows]: what follows reduces over a call's few steps along whole rows of slots
+        states = self.automaton.advance(turn.state[slots], columns)
+        turn.state[slots] = states[-1]
+        stop = self._is_stop.take(columns)
+        unread = (states == UNKNOWN) & self._is_closing.take(columns)
+        marks = stop | (states == ACCEPT) | unread
+        ending = np.flatnonzero(np.logical_or.reduce(marks, axis=0) | (counts + steps >= self.max_new_tokens))
         kept = steps * (len(slots) - len(ending))
         if not len(ending):
             return kept, ending
-        slots, new, counts, states, unread = slots[ending], new[ending], counts[ending], states[ending], unread[ending]
+        slots, counts, stop, states, unread = slots[ending], counts[ending], stop[:, ending], states[:, ending], \
+            unread[:, ending]
         # how many of its new tokens each row takes before a stop token or max_new_tokens ends its turn
         room = np.where(self._over(turn, slots, counts), 0, np.clip(self.max_new_tokens - counts, 0, steps))
-        stops = self._is_stop[new] & (np.arange(steps) < room[:, None])
-        room = np.where(stops.any(axis=1), stops.argmax(axis=1) + 1, room)
-        within = np.arange(steps) < room[:, None]
-        accepted = (states == ACCEPT) & within
-        lengths = np.where(accepted.any(axis=1), counts + accepted.argmax(axis=1) + 1, 0)  # the action's last token
+        room = np.minimum(room, _first(stop) + 1)
+        accepted = _first(states == ACCEPT)
+        lengths = np.where(accepted < room, counts + accepted + 1, 0)  # the complete action's length
         turn.count[slots] = counts + room
-        asking = np.flatnonzero((unread & within).any(axis=1) & (lengths == 0))
+        asking = np.flatnonzero(np.logical_or.reduce(unread & (np.arange(steps)[:, None] < room), axis=0)
+                                & (lengths == 0))
         if len(asking):
             rows = slots[asking]
             lengths[asking] = self.agent.action_lengths(turn.tokens[rows], turn.count[rows], counts[asking])

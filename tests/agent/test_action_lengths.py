@@ -128,7 +128,7 @@ def test_token_automaton_equals_decoding_every_prefix(agent):
     replies = [[int(t) for t in r] for r in replies]
     width = max(map(len, replies))
     tokens = np.array([r + [0] * (width - len(r)) for r in replies])
-    states = automaton.advance(np.full(len(replies), START, np.int32), tokens)
+    states = automaton.advance(np.full(len(replies), START, np.int32), tokens.T).T
     unknown = 0
     for r, ids in enumerate(replies):
         row = states[r, :len(ids)]
