@@ -18,10 +18,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from esjax.agent.pieces import _CLOSE, _LINE, _OPEN, _WORD, AsciiPieces
+from esjax.agent.pieces import AsciiPieces
 
 START, ACCEPT, UNKNOWN = 0, 1, 2  # a reply with no byte yet; one holding a complete action; one the table can't read
 _PAD = 256  # a byte column that changes no state (pads token texts to one width)
+_WORD = np.zeros(256, bool)  # ASCII word characters (what a regular expression's \b looks at)
+_WORD[[*range(48, 58), *range(65, 91), *range(97, 123), 95]] = True
+_OPEN, _CLOSE, _LINE = ord("["), ord("]"), ord("\n")
 
 
 def byte_automaton(names: Sequence[bytes]) -> np.ndarray:

@@ -35,7 +35,7 @@ from esjax.agent.automaton import ActionAutomaton
 from esjax.agent.pieces import AsciiPieces
 
 ACTION = re.compile(r"\b(search|click)\[([^\[\]\n]*)\]", re.IGNORECASE)
-ACTION_NAMES = (b"search", b"click")  # ACTION's names, for AsciiPieces.first_actions (the same on ASCII text)
+ACTION_NAMES = (b"search", b"click")  # ACTION's names, for its automaton over token ids
 
 SYSTEM_PROMPT = ("You are a shopping agent on WebShop. Read the instruction and the page, then act with exactly "
                  "one action: search[<query>] on a page with a search bar, or click[<item>] with an item from "
@@ -174,34 +174,13 @@ class GenerateAgent:
     def action_lengths(self, tokens: np.ndarray, lengths: np.ndarray, checked: np.ndarray) -> np.ndarray:
         """For each reply (row ``r`` of ``tokens``: its first ``lengths[r]`` token ids, a turn so far): the length of
         its shortest prefix that is longer than ``checked[r]`` tokens, ends at a closing token and holds a complete
-        action; 0 when none does. The same as testing ``complete(decode(prefix))`` at each closing token after
-        ``checked``, in order.
+        action; 0 when none does: ``complete(decode(prefix))`` tested at each closing token after ``checked``.
 
-        The engine asks once per decode call for every turn with a new closing token, on the decode loop's path:
-        with a byte-level tokenizer, the replies of ASCII tokens are searched together (:class:`AsciiPieces`; a
-        prefix holds an action iff it holds the whole reply's first one, as a later one ends later: an action's
-        argument holds no bracket); the others take the general path, a ``decode`` per closing token."""
-        lengths, checked = np.asarray(lengths, np.intp), np.asarray(checked, np.intp)
-        out = np.zeros(len(lengths), np.intp)
-        if not len(lengths):
-            return out
-        width = int(lengths.max())
-        tokens = np.asarray(tokens)[:, :width]
-        fast = np.zeros(len(lengths), bool)
-        if self._pieces is not None:
-            shortest, fast = self._pieces.first_actions(tokens, lengths, ACTION_NAMES)
-            # the first closing token at or after the one ending the action, past ``checked``, within the reply
-            lowest = np.where(fast & (shortest > 0), np.maximum(shortest, checked + 1), width + 1)
-            positions = np.arange(1, width + 1)
-            closing = (self._closing[np.minimum(tokens, len(self._closing) - 1)]
-                       & (positions >= lowest[:, None]) & (positions <= lengths[:, None]))
-            at = np.flatnonzero(closing)
-            rows = at // width
-            first = np.flatnonzero(np.diff(rows, prepend=-1))
-            out[rows[first]] = at[first] % width + 1
-        for r in np.flatnonzero(~fast).tolist():
-            out[r] = self._action_length(tokens[r, :lengths[r]].tolist(), int(checked[r]))
-        return out
+        The engine asks it only for the replies :attr:`automaton` can't read (a token that is not ASCII, or a
+        tokenizer that is not byte-level); the automaton answers the others as it decodes."""
+        tokens = np.asarray(tokens)
+        return np.array([self._action_length(tokens[r, :n].tolist(), int(c)) for r, (n, c) in
+                         enumerate(zip(np.asarray(lengths).tolist(), np.asarray(checked).tolist()))], np.intp)
 
     def _action_length(self, ids: Sequence[int], start: int) -> int:
         """:meth:`action_lengths` of one reply, as specified: a ``decode`` and a search per closing token."""
@@ -218,13 +197,6 @@ class GenerateAgent:
     @functools.cached_property
     def _pieces(self) -> AsciiPieces | None:
         return AsciiPieces.of(self.tokenizer, self.stop_token_ids)
-
-    @functools.cached_property
-    def _closing(self) -> np.ndarray:
-        """Token id -> whether it is a closing token (one more entry, False, for ids past the vocabulary)."""
-        table = np.zeros(max(self.closing_ids, default=0) + 2, bool)
-        table[sorted(self.closing_ids)] = True
-        return table
 
     def parse(self, text: str) -> tuple[str, str, bool]:
         """``(reply kept, action for the env, parsed)``: the reply up to its first action and that action in

@@ -1,5 +1,6 @@
-"""Where a written reply first holds a complete action (:meth:`GenerateAgent.action_lengths`, on generate mode's
-decode path): the byte-level fast path gives exactly what decoding each prefix and searching it gives."""
+"""Where a written reply first holds a complete action (generate mode's decode path): the action automaton over
+token ids, and :meth:`GenerateAgent.action_lengths` for the replies it can't read, give exactly what decoding each
+prefix and searching it gives."""
 
 from pathlib import Path
 
@@ -37,23 +38,6 @@ def test_ascii_tokens_decode_to_their_pieces_joined(agent):
     text, ends = pieces.texts(np.array([i for r in replies for i in [*r, pieces.separator]]))
     assert text.tobytes().decode() == "".join(agent.decode(r) + "\n" for r in replies)
     assert ends[-1] == len(text) and ends[len(replies[0])] == len(agent.decode(replies[0])) + 1
-
-
-def test_action_ends_are_the_regular_expressions_matches():
-    """The array search for actions finds what ``ACTION`` finds, on texts dense in names, brackets, line breaks,
-    case changes and word characters around the names."""
-    from esjax.agent.pieces import action_ends
-    from esjax.agent.react import ACTION, ACTION_NAMES
-
-    rng = np.random.default_rng(2)
-    parts = ["search", "click", "SeArCh", "CLICK", "[", "]", "[", "]", "\n", " ", "x", "_", "1", "a b", "clic",
-             "searchs", ",", "buy now", "-"]
-    texts = ["".join(rng.choice(parts, int(rng.integers(0, 30)))) for _ in range(10000)]
-    text = "\n".join(texts)
-    want = [m.end() for m in ACTION.finditer(text)]
-    assert len(want) > 300
-    assert action_ends(np.frombuffer(text.encode(), np.uint8), ACTION_NAMES).tolist() == want
-    assert action_ends(np.frombuffer(b"", np.uint8), ACTION_NAMES).tolist() == []
 
 
 def test_action_lengths_equal_decoding_every_prefix(agent):
