@@ -3,9 +3,10 @@ worker, the rest of its module goes on, and nothing hangs.
 
 xdist's own ``loadscope`` puts a crashed worker's whole module back in the queue, the crashed test included, and
 after a second crash the run hangs with idle workers (reproduced with ``os.abort()`` in a test, xdist 3.8.0; stop
-48's CI ended that way). Here a test that crashed its worker is run once more in a new worker (a native crash seen
-in this suite — an abort inside XLA in a worker that had loaded torch — did not recur when the test ran again); if it
-crashes again it fails, as xdist reports a crash. Every rerun is named in the terminal summary: nothing is hidden.
+48's CI ended that way). Here a test that crashed its worker is run once more in a new worker (the native crashes
+seen in this suite — aborts inside XLA in workers that had loaded torch — did not recur when their tests were run
+again alone); if it crashes again it fails, as xdist reports a crash. Every rerun is named in the terminal summary:
+nothing is hidden.
 """
 
 from __future__ import annotations
