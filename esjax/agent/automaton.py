@@ -81,8 +81,7 @@ class ActionAutomaton:
         lengths = pieces.length[:known]
         order = np.argsort(-lengths, kind="stable")  # longest first: step k feeds the tokens longer than k
         texts = np.full((known, max(int(lengths.max(initial=0)), 1)), _PAD, np.intp)
-        inside = np.arange(texts.shape[1]) < lengths[:, None]
-        texts[inside] = pieces.buffer[np.repeat(pieces.start[:known], lengths) + _offsets(lengths)]
+        texts[np.arange(texts.shape[1]) < lengths[:, None]] = pieces.texts(np.arange(known))[0]  # row by row
         table = np.full((len(bytes_table), vocab + 1), UNKNOWN, np.int32)
         for state in range(len(bytes_table)):
             current = np.full(known, state, np.int32)
@@ -94,11 +93,11 @@ class ActionAutomaton:
 
     def advance(self, states: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """The states after each step of ``tokens [n, rows]`` from ``states [rows]``: ``[n, rows]``."""
-        steps = np.minimum(tokens, self.vocab)
+        columns = np.minimum(tokens, self.vocab)
         flat, width = self.table.reshape(-1), self.table.shape[1]
-        out = np.empty(steps.shape, np.int32)
+        out = np.empty(columns.shape, np.int32)
         current = states
-        for j, column in enumerate(steps):
+        for j, column in enumerate(columns):
             current = out[j] = flat.take(current * width + column)
         return out
 
@@ -108,9 +107,3 @@ class ActionAutomaton:
         for token in tokens:
             state = int(self.table[state, min(token, self.vocab)])
         return state
-
-
-def _offsets(lengths: np.ndarray) -> np.ndarray:
-    """0 … length-1 for each length, concatenated."""
-    ends = np.cumsum(lengths)
-    return np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - lengths, lengths)
