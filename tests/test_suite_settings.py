@@ -56,19 +56,15 @@ def test_a_crashed_worker_reruns_its_test_once_and_the_run_goes_on(tmp_path):
     """``--dist loadscope`` with tests/crash_rerun.py: a test that kills its worker once passes on its second run in a
     new worker, one that kills it every time fails, the rest of its module still runs, and the run ends (xdist's own
     ``loadscope`` hung here). Both are named in the summary."""
-    import subprocess
-    import sys
-
-    from conftest import REPO
+    from conftest import REPO, run_python
 
     (tmp_path / "conftest.py").write_text("from crash_rerun import pytest_terminal_summary, "
                                           "pytest_xdist_make_scheduler  # noqa: F401\n")
     (tmp_path / "test_crashing.py").write_text(CRASHING_MODULE)
     (tmp_path / "test_other.py").write_text("def test_other():\n    pass\n")
-    env = {**subprocess_env(), "PYTHONPATH": str(REPO / "tests"), "CRASH_FLAG": str(tmp_path / "crashed")}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadscope", "-p",
-                           "no:cacheprovider", "-p", "no:randomly", str(tmp_path)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = run_python(["-m", "pytest", "-q", "-n", "2", "--dist", "loadscope", "-p", "no:cacheprovider",
+                       str(tmp_path)], env={"PYTHONPATH": str(REPO / "tests"), "CRASH_FLAG": str(tmp_path / "crashed")},
+                      cwd=tmp_path, timeout=300, check=False)
     out = proc.stdout
     assert proc.returncode == 1, out[-3000:]
     assert "1 failed, 4 passed" in out, out[-3000:]
