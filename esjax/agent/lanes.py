@@ -235,6 +235,7 @@ class Lane:
         self.index = 0  # the host's copy of cache['index']
         self.row = {name: self._blank(name, rows) for name in self._FIELDS}
         self._prepared_members: tuple[np.ndarray, ...] | None = None
+        self._members_changed = True  # a row's member may differ from those of ``_prepared``
         self._prepared: Prepared | None = None
         self._cur: jax.Array | None = None  # next tokens after a prefill (device)
         # constrained turns (device, created by the first): [rows, width, length] reply ids, [rows, width] alive
@@ -270,16 +271,20 @@ class Lane:
                           "valid": grow(self.cache["valid"], 0), "index": self.cache["index"]}
             self.row = {name: np.concatenate([values, self._blank(name, old)]) for name, values in self.row.items()}
             self._prepared_members = None
+            self._members_changed = True
             if self.choices is not None:
                 self.choices = jnp.concatenate([self.choices, jnp.full_like(self.choices, -1)])
                 self.alive = jnp.concatenate([self.alive, jnp.zeros_like(self.alive)])
         self.row["reserved"][r] = True
         return r
 
-    def release(self, row: int) -> None:
-        if row < self.rows:
-            for name, values in self.row.items():
-                values[row] = name == "greedy"
+    def release(self, rows: int | np.ndarray) -> None:
+        """Free lane row(s) ``rows`` (a row past the lane's end is ignored)."""
+        rows = np.asarray(rows)
+        rows = rows[rows < self.rows]
+        for name, values in self.row.items():
+            values[rows] = name == "greedy"
+        self._members_changed = True
 
     def _perturbation(self, noise, sigma: float, params: Any, versions: Any, indices: Any, perturbed: Any
                       ) -> Prepared | None:
@@ -348,6 +353,7 @@ class Lane:
         for name, values in (("lo", lo), ("hi", hi), ("greedy", greedy), ("version", versions), ("index", indices),
                              ("perturbed", perturbed)):
             row[name][rows] = values[:n]
+        self._members_changed = True
         return first[:n]
 
     def _pack_choices(self, entries: Sequence[tuple[int, list[int], RowState]], n_b: int
@@ -386,10 +392,11 @@ class Lane:
         self._make_room(0, steps)
         row = self.row
         members = (row["version"], row["index"], row["perturbed"])
-        if self._prepared_members is None or not all(np.array_equal(a, b)
-                                                     for a, b in zip(members, self._prepared_members)):
+        if self._members_changed and (self._prepared_members is None or not all(
+                np.array_equal(a, b) for a, b in zip(members, self._prepared_members))):
             self._prepared = self._perturbation(noise, sigma, params, *members)
             self._prepared_members = tuple(m.copy() for m in members)
+        self._members_changed = False
         cur = self._cur if prefilled else self._vector("cur")
         self.cache, out, self.alive = _decode(self.config, self.sampling, params, self._prepared, self.cache, cur,
                                               self._vector("pos"), self._vector("count"), self._vector("live"),
@@ -397,8 +404,8 @@ class Lane:
                                               self.choices, self.alive, steps=steps)
         self.index += steps
         live = row["live"]
-        row["pos"][live] += steps
-        row["count"][live] += steps
+        np.add(row["pos"], steps, out=row["pos"], where=live)
+        np.add(row["count"], steps, out=row["count"], where=live)
         return out
 
 

@@ -37,7 +37,6 @@ in the uninterrupted run exactly as in a run resumed from that checkpoint, so th
 from __future__ import annotations
 
 import dataclasses
-import operator
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -54,7 +53,6 @@ from esjax.loop.tasks import hash_ints
 from esjax.model.config import ModelConfig
 from esjax.model.sharding import to_host
 
-_ROW = operator.attrgetter("row")  # episodes in env-row order (the serial tick's order)
 _TAG_TURN = 0x7E57  # separates the turn seeds from any other use of the sampling seed
 
 
@@ -66,6 +64,7 @@ class GenEpisode(Episode):
     prompt: list[int] | None = None  # this turn's prompt ids once built (a pipelined tick builds them early)
     prompt_len: int = 0
     needs_prefill: bool = True
+    slot: int = -1  # its lane row in its version's lane while it holds one
     invalid_actions: int = 0
 
     @property
@@ -90,14 +89,17 @@ class GenTickStats(TickStats):
 
 
 class TurnTokens:
-    """The tokens of each lane row's turn so far, one array row per lane row, so a decode step appends every
-    continuing row's new tokens in one operation. ``-1`` after a token marks a complete action."""
+    """The turn of each lane row so far, one array row per lane row, so a decode step appends every continuing
+    row's new tokens in one operation. ``-1`` after a token marks a complete action. Also which episode holds each
+    lane row (and its env row), so the turns that end in a call are looked up in array operations."""
 
     def __init__(self, rows: int, capacity: int):
         self.capacity = capacity
         self.tokens = np.zeros((rows, capacity), np.int32)
         self.count = np.zeros(rows, np.int64)
         self.state = np.zeros(rows, np.int32)  # each turn's ActionAutomaton state
+        self.episode = np.full(rows, None, object)
+        self.env_row = np.zeros(rows, np.int64)
 
     def fit(self, rows: int) -> None:
         """Grow to ``rows`` rows (a lane that grew)."""
@@ -106,14 +108,25 @@ class TurnTokens:
             self.tokens = np.concatenate([self.tokens, np.zeros((extra, self.capacity), np.int32)])
             self.count = np.concatenate([self.count, np.zeros(extra, np.int64)])
             self.state = np.concatenate([self.state, np.zeros(extra, np.int32)])
+            self.episode = np.concatenate([self.episode, np.full(extra, None, object)])
+            self.env_row = np.concatenate([self.env_row, np.zeros(extra, np.int64)])
 
     def get(self, row: int) -> list[int]:
         return self.tokens[row, :self.count[row]].tolist()
 
-    def put(self, row: int, tokens: list[int], state: int) -> None:
-        self.tokens[row, :len(tokens)] = tokens
-        self.count[row] = len(tokens)
+    def replies(self, rows: np.ndarray) -> list[list[int]]:
+        """The reply tokens of the turns in lane ``rows`` (a complete action's ``-1`` mark dropped)."""
+        counts = self.count[rows]
+        counts -= (counts > 0) & (self.tokens[rows, np.maximum(counts - 1, 0)] == -1)
+        return [tokens[:n] for tokens, n in zip(self.tokens[rows].tolist(), counts.tolist())]
+
+    def put(self, row: int, episode: GenEpisode, state: int) -> None:
+        """Lane row ``row`` starts ``episode``'s turn, holding its tokens so far (in automaton ``state``)."""
+        self.tokens[row, :len(episode.tokens)] = episode.tokens
+        self.count[row] = len(episode.tokens)
         self.state[row] = state
+        self.episode[row] = episode
+        self.env_row[row] = episode.row
 
     def append(self, rows: np.ndarray, new: np.ndarray) -> None:
         """Append ``new [len(rows), steps]`` to ``rows`` (distinct; written through a flat view of ``tokens``, which
@@ -177,8 +190,6 @@ class GenerateEngine(RolloutEngine):
         self._is_stop[sorted(agent.stop_token_ids)] = True
         self._is_closing[sorted(agent.closing_ids)] = True
         self.automaton = agent.automaton
-        self.lane_row: dict[int, tuple[int, int]] = {}  # env row -> (version, lane row)
-        self.in_lane: dict[tuple[int, int], GenEpisode] = {}  # (version, lane row) -> its episode
         self.live: dict[int, GenEpisode] = {}
 
     # ------------------------------------------------------------------------------------------- episodes
@@ -204,29 +215,27 @@ class GenerateEngine(RolloutEngine):
     def stop(self, predicate: Callable[[Episode], bool]) -> list[Episode]:
         dropped = super().stop(predicate)
         for episode in dropped:
-            self._release(episode.row)
+            self._release(episode)
         return dropped
 
     def checkpoint_episodes(self) -> list[dict[str, Any]]:
         """The live episodes as a checkpoint holds them. Also drops the device state (lanes): every live row
         resumes at the next tick by a prefill of its prompt and partial tokens, as a resumed run's rows do."""
         for episode in self.live.values():
-            where = self.lane_row.get(episode.row)
-            if where is not None and not episode.needs_prefill:
-                episode.tokens = self.turn_tokens[where[0]].get(where[1])
+            if episode.slot >= 0 and not episode.needs_prefill:
+                episode.tokens = self.turn_tokens[episode.version].get(episode.slot)
             episode.needs_prefill = True
+            episode.slot = -1
         self.lanes.clear()
         self.turn_tokens.clear()
-        self.lane_row.clear()
-        self.in_lane.clear()
         return [self.live[row].to_dict() for row in sorted(self.live)]
 
-    def _release(self, row: int) -> None:
-        where = self.lane_row.pop(row, None)
-        if where is not None:
-            self.in_lane.pop(where, None)
-            if where[0] in self.lanes:
-                self.lanes[where[0]].release(where[1])
+    def _release(self, episode: GenEpisode) -> None:
+        """Free the episode's lane row (if it holds one)."""
+        if episode.slot >= 0:
+            self.lanes[episode.version].release(episode.slot)
+            self.turn_tokens[episode.version].episode[episode.slot] = None
+            episode.slot = -1
 
     def _acted(self, episode: GenEpisode, reply: str, action: str, info: dict, available: dict) -> None:
         self.agent.remember(episode.memory, reply, action, info)
@@ -276,10 +285,8 @@ class GenerateEngine(RolloutEngine):
             for episode in group:
                 if not episode.needs_prefill:
                     continue
-                self._release(episode.row)
-                slot = lane.free_row()
-                self.lane_row[episode.row] = (version, slot)
-                self.in_lane[version, slot] = episode
+                self._release(episode)
+                episode.slot = slot = lane.free_row()
                 episode.needs_prefill = False
                 ids = self._prompt(episode)
                 episode.prompt_len = len(ids)
@@ -288,7 +295,7 @@ class GenerateEngine(RolloutEngine):
                 stats.tokens += len(ids) + len(episode.tokens)
             turn.fit(lane.rows)
             for slot, episode in starting:
-                turn.put(slot, episode.tokens, self.automaton.state_of(episode.tokens))
+                turn.put(slot, episode, self.automaton.state_of(episode.tokens))
             stats.prepare_s += time.perf_counter() - t0
             t0 = time.perf_counter()
             sigma = float(self.sigma_at(version))
@@ -297,7 +304,7 @@ class GenerateEngine(RolloutEngine):
             out = lane.decode(params, self.noise, sigma, steps, prefilled=first is not None)
             stats.decode_cpu_s += time.thread_time() - cpu
             stats.model_s += time.perf_counter() - t0
-            pending.append((version, lane, turn, starting, first, out))
+            pending.append((lane, turn, starting, first, out))
             stats.model_rows += len(group)
             stats.calls += 1 + (first is not None)
             stats.prefill_rows += len(entries)
@@ -307,13 +314,13 @@ class GenerateEngine(RolloutEngine):
         ended: list[GenEpisode] = []
         turns: list[tuple[GenEpisode, list[int]]] = []  # (episode, reply tokens) of the turns not yet stepped
         with self._host_jobs(stats) as jobs:
-            for version, lane, turn, starting, first, out in pending:
+            for lane, turn, starting, first, out in pending:
                 t0, cpu = time.perf_counter(), time.thread_time()
-                lane_ended = self._read_tokens(version, lane, turn, starting, first, out, stats)
+                lane_ended, slots = self._read_tokens(lane, turn, starting, first, out, stats)
                 stats.decode_cpu_s += time.thread_time() - cpu
                 stats.model_s += time.perf_counter() - t0
                 ended += lane_ended
-                turns += self._end_turns(turn, lane_ended, stats)
+                turns += self._end_turns(lane, turn, lane_ended, slots, stats)
                 if self.pipelined and turns:  # a lane's episodes are its own: the worker and this thread share none
                     jobs.submit(self._step_turns, turns, jobs.stats, True)
                     turns = []
@@ -329,10 +336,10 @@ class GenerateEngine(RolloutEngine):
             episode.prompt = self.agent.prompt_ids(episode.observation, episode.available, episode.memory)
         return episode.prompt
 
-    def _read_tokens(self, version: int, lane: Lane, turn: TurnTokens,
-                     starting: list[tuple[int, GenEpisode]], first: Any, out: Any, stats: GenTickStats
-                     ) -> list[GenEpisode]:
-        """Take a lane's new tokens into its rows' turns; returns the episodes whose turn ended, in row order."""
+    def _read_tokens(self, lane: Lane, turn: TurnTokens, starting: list[tuple[int, GenEpisode]], first: Any,
+                     out: Any, stats: GenTickStats) -> tuple[list[GenEpisode], np.ndarray]:
+        """Take a lane's new tokens into its rows' turns; returns the episodes whose turn ended, in env-row order
+        (the serial tick's), and their lane rows."""
         taking = lane.live_rows()
         ended = np.zeros(0, np.intp)
         if first is not None:  # the prefilled rows' first tokens
@@ -344,10 +351,9 @@ class GenerateEngine(RolloutEngine):
         kept, ending = self._take_block(turn, taking, new)
         stats.useful_steps += kept
         lane.set_next(taking, new[:, -1])  # the next decode step's input (rows whose turn ended are released)
-        in_lane = self.in_lane
-        episodes = [in_lane[version, slot] for slot in np.concatenate([ended, ending]).tolist()]
-        episodes.sort(key=_ROW)
-        return episodes
+        slots = np.concatenate([ended, ending])
+        slots = slots[np.argsort(turn.env_row[slots])]
+        return turn.episode[slots].tolist(), slots
 
     def _take_block(self, turn: TurnTokens, slots: np.ndarray, new: np.ndarray) -> tuple[int, np.ndarray]:
         """Append ``new [len(slots), n]`` to the turns of lane rows ``slots``, each until its turn is over (a stop
@@ -397,20 +403,21 @@ class GenerateEngine(RolloutEngine):
         last = turn.tokens[slots, np.maximum(counts - 1, 0)]
         return (counts > 0) & (self._is_stop[last] | (last == -1) | (counts >= self.max_new_tokens))
 
-    def _end_turns(self, turn: TurnTokens, ended: list[GenEpisode], stats: GenTickStats
-                   ) -> list[tuple[GenEpisode, list[int]]]:
-        """Take each ended turn's reply tokens and free its lane row: (episode, reply tokens) each."""
-        turns = []
+    def _end_turns(self, lane: Lane, turn: TurnTokens, ended: list[GenEpisode], slots: np.ndarray,
+                   stats: GenTickStats) -> list[tuple[GenEpisode, list[int]]]:
+        """Take the ended turns' reply tokens and free their lane rows ``slots``: (episode, reply tokens) each."""
+        replies = turn.replies(slots)
+        lane.release(slots)
+        turn.episode[slots] = None
+        generated = sum(map(len, replies))
+        stats.generated += generated
+        stats.tokens += generated
         for episode in ended:
-            tokens = [t for t in turn.get(self.lane_row[episode.row][1]) if t >= 0]
-            stats.generated += len(tokens)
-            stats.tokens += len(tokens)
-            turns.append((episode, tokens))
-            self._release(episode.row)
+            episode.slot = -1
             episode.tokens = []
             episode.prompt = None
             episode.needs_prefill = True
-        return turns
+        return list(zip(ended, replies))
 
     def _step_turns(self, ended: list[tuple[GenEpisode, list[int]]], stats: GenTickStats, prepare_next: bool
                     ) -> None:

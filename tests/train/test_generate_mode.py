@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -244,7 +245,7 @@ def _check_block_intake(engine, start: list[list[int]], new: np.ndarray) -> dict
 
     turn = TurnTokens(len(start), engine.max_new_tokens + new.shape[1] + 1)
     for r, tokens in enumerate(start):
-        turn.put(r, tokens, engine.automaton.state_of(tokens))
+        turn.put(r, SimpleNamespace(tokens=tokens, row=r), engine.automaton.state_of(tokens))
     slots = np.arange(len(start))
     kept, ended = engine._take_block(turn, slots, new)
     over = engine._over(turn, slots)
