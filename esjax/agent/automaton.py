@@ -107,3 +107,47 @@ class ActionAutomaton:
         for token in tokens:
             state = int(self.table[state, min(token, self.vocab)])
         return state
+
+
+class TurnAutomaton:
+    """:class:`ActionAutomaton` extended with a turn's other events, over every token id a model writes, so a
+    decode call's block of tokens is read with one table lookup per step and one test of the states.
+
+    A stop token leads to :attr:`stopped` (absorbing); a closing token that leaves a reply in :data:`UNKNOWN` leads
+    to :attr:`unread`, where the caller asks the agent's exact path (it goes on as :data:`UNKNOWN`); id
+    :attr:`hole` (a step where a row took no token) leaves every state as it is. :attr:`event` marks the states
+    where a turn may end (:data:`ACCEPT`, :attr:`stopped`, :attr:`unread`). The table is token-major,
+    ``[ids + 1, states]``: a step's lookups touch one short row per token.
+    """
+
+    def __init__(self, action: ActionAutomaton, stop_ids: Sequence[int], closing_ids: Sequence[int], ids: int):
+        states = len(action.table)
+        self.stopped, self.unread, self.hole, self.width = states, states + 1, ids, states + 2
+        table = np.full((ids + 1, self.width), UNKNOWN, np.int32)
+        known = min(ids, action.vocab)
+        table[:known, :states] = action.table[:, :known].T
+        table[:, self.unread] = table[:, UNKNOWN]
+        closing = sorted(closing_ids)
+        table[closing] = np.where(table[closing] == UNKNOWN, self.unread, table[closing])
+        table[:, self.stopped] = self.stopped
+        table[sorted(stop_ids)] = self.stopped
+        table[self.hole] = np.arange(self.width)
+        self.table = table
+        self.event = np.zeros(self.width, bool)
+        self.event[[ACCEPT, self.stopped, self.unread]] = True
+
+    def advance(self, states: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """The states after each step of ``tokens [n, rows]`` from ``states [rows]``: ``[n, rows]``."""
+        flat, at = self.table.reshape(-1), tokens * self.width
+        out = np.empty(tokens.shape, np.int32)
+        current = states
+        for j in range(len(tokens)):
+            current = out[j] = flat.take(at[j] + current)
+        return out
+
+    def state_of(self, tokens: Sequence[int]) -> int:
+        """The state of a reply after ``tokens``."""
+        state = START
+        for token in tokens:
+            state = int(self.table[token, state])
+        return state

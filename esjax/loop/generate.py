@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from esjax.agent.automaton import ACCEPT, UNKNOWN
+from esjax.agent.automaton import ACCEPT, TurnAutomaton
 from esjax.agent.buckets import next_power_of_two
 from esjax.agent.lanes import PREFILL_BUCKETS, Lane, RowState, Sampling, split_seed
 from esjax.es.noise import NoiseSpec
@@ -89,52 +89,65 @@ class GenTickStats(TickStats):
 
 
 class TurnTokens:
-    """The turn of each lane row so far, one array row per lane row, so a decode step appends every continuing
-    row's new tokens in one operation. ``-1`` after a token marks a complete action. Also which episode holds each
-    lane row (and its env row), so the turns that end in a call are looked up in array operations."""
+    """The turns of a lane's rows so far, as a log of the lane's steps: ``log [steps, rows]`` holds each row's token
+    of every step the lane took (a prefill's first token, a decode step's; the automaton's ``hole`` id where a row
+    took none), so a decode call's tokens go in as one slice. A row's turn is its column from ``begin`` on, holes
+    skipped, its first ``count`` tokens; ``complete``: they end with a complete action. Also each turn's
+    :class:`~esjax.agent.automaton.TurnAutomaton` state, and which episode (and env row) holds each lane row."""
 
-    def __init__(self, rows: int, capacity: int):
-        self.capacity = capacity
-        self.tokens = np.zeros((rows, capacity), np.int32)
+    def __init__(self, rows: int, span: int, hole: int):
+        self.span, self.hole = span, hole  # span: the log steps one turn can cover
+        self.log = np.full((2 * span, rows), hole, np.int32)
+        self.t = span  # the next log step (a turn put back from a checkpoint is written before it)
+        self.begin = np.zeros(rows, np.int64)
         self.count = np.zeros(rows, np.int64)
-        self.state = np.zeros(rows, np.int32)  # each turn's ActionAutomaton state
+        self.state = np.zeros(rows, np.int32)
+        self.complete = np.zeros(rows, bool)
         self.episode = np.full(rows, None, object)
         self.env_row = np.zeros(rows, np.int64)
 
     def fit(self, rows: int) -> None:
         """Grow to ``rows`` rows (a lane that grew)."""
-        if rows > len(self.count):
-            extra = rows - len(self.count)
-            self.tokens = np.concatenate([self.tokens, np.zeros((extra, self.capacity), np.int32)])
-            self.count = np.concatenate([self.count, np.zeros(extra, np.int64)])
-            self.state = np.concatenate([self.state, np.zeros(extra, np.int32)])
-            self.episode = np.concatenate([self.episode, np.full(extra, None, object)])
-            self.env_row = np.concatenate([self.env_row, np.zeros(extra, np.int64)])
-
-    def get(self, row: int) -> list[int]:
-        return self.tokens[row, :self.count[row]].tolist()
-
-    def replies(self, rows: np.ndarray) -> list[list[int]]:
-        """The reply tokens of the turns in lane ``rows`` (a complete action's ``-1`` mark dropped)."""
-        counts = self.count[rows]
-        counts -= (counts > 0) & (self.tokens[rows, np.maximum(counts - 1, 0)] == -1)
-        return [tokens[:n] for tokens, n in zip(self.tokens[rows].tolist(), counts.tolist())]
+        extra = rows - len(self.count)
+        if extra > 0:
+            self.log = np.concatenate([self.log, np.full((len(self.log), extra), self.hole, np.int32)], axis=1)
+            for name in ("begin", "count", "state", "complete", "episode", "env_row"):
+                values = getattr(self, name)
+                setattr(self, name, np.concatenate([values, np.zeros(extra, values.dtype)]))
 
     def put(self, row: int, episode: GenEpisode, state: int) -> None:
         """Lane row ``row`` starts ``episode``'s turn, holding its tokens so far (in automaton ``state``)."""
-        self.tokens[row, :len(episode.tokens)] = episode.tokens
-        self.count[row] = len(episode.tokens)
-        self.state[row] = state
-        self.episode[row] = episode
-        self.env_row[row] = episode.row
+        n = len(episode.tokens)
+        self.log[self.t - n:self.t, row] = episode.tokens
+        self.begin[row], self.count[row], self.state[row], self.complete[row] = self.t - n, n, state, False
+        self.episode[row], self.env_row[row] = episode, episode.row
 
-    def append(self, rows: np.ndarray, new: np.ndarray) -> None:
-        """Append ``new [len(rows), steps]`` to ``rows`` (distinct; written through a flat view of ``tokens``, which
-        is always C-contiguous: made by ``np.zeros`` / ``np.concatenate``; indices laid out ``[steps, rows]``, as
-        numpy is slow over a short last axis)."""
-        at = np.arange(new.shape[1])[:, None] + (rows * self.capacity + self.count[rows])
-        self.tokens.reshape(-1)[at] = new.T
-        self.count[rows] += new.shape[1]
+    def write(self, block: np.ndarray) -> None:
+        """Append ``block [steps, rows]`` to the log (first moving its last ``span`` steps, which hold every live
+        turn, to its start when it is full)."""
+        if self.t + len(block) > len(self.log):
+            self.log[:self.span] = self.log[self.t - self.span:self.t]
+            self.begin -= self.t - self.span
+            self.t = self.span
+        self.log[self.t:self.t + len(block)] = block
+        self.t += len(block)
+
+    def get(self, row: int) -> list[int]:
+        """The turn of lane row ``row`` (``-1`` after a complete action)."""
+        return self.replies(np.array([row]), marked=True)[0]
+
+    def replies(self, rows: np.ndarray, marked: bool = False) -> list[list[int]]:
+        """The turns of lane ``rows`` (``marked``: ``-1`` after a complete action), in a few array operations."""
+        lo = int(self.begin[rows].min(initial=self.t))
+        window = self.log[lo:self.t, rows].T  # [rows, steps]
+        keep = (window != self.hole) & (np.arange(window.shape[1]) >= (self.begin[rows] - lo)[:, None])
+        keep &= np.cumsum(keep, axis=1) <= self.count[rows][:, None]
+        tokens, ends = window[keep].tolist(), np.cumsum(keep.sum(axis=1)).tolist()
+        turns = [tokens[a:b] for a, b in zip([0, *ends], ends)]
+        if marked:
+            for turn, complete in zip(turns, self.complete[rows].tolist()):
+                turn.extend([-1] * complete)
+        return turns
 
 
 def _first(mask: np.ndarray) -> np.ndarray:
@@ -184,12 +197,8 @@ class GenerateEngine(RolloutEngine):
         self.lane_length = longest_prefill + 2 * (max_new_tokens + decode_steps)
         self.lanes: dict[int, Lane] = {}
         self.turn_tokens: dict[int, TurnTokens] = {}  # version -> its lane rows' turns so far
-        # token id -> ends a turn (an end-of-sequence token) / may complete an action
-        size = max([model_config.vocab_size, *agent.stop_token_ids, *agent.closing_ids]) + 1
-        self._is_stop, self._is_closing = np.zeros(size, bool), np.zeros(size, bool)
-        self._is_stop[sorted(agent.stop_token_ids)] = True
-        self._is_closing[sorted(agent.closing_ids)] = True
-        self.automaton = agent.automaton
+        ids = max([model_config.vocab_size, *agent.stop_token_ids, *agent.closing_ids]) + 1
+        self.automaton = TurnAutomaton(agent.automaton, agent.stop_token_ids, agent.closing_ids, ids)
         self.live: dict[int, GenEpisode] = {}
 
     # ------------------------------------------------------------------------------------------- episodes
@@ -259,7 +268,8 @@ class GenerateEngine(RolloutEngine):
         if lane is None:
             lane = Lane(self.model_config, next_power_of_two(max(rows, 1)), self.lane_length, dtype, self.sampling)
             self.lanes[version] = lane
-            self.turn_tokens[version] = TurnTokens(lane.rows, self.max_new_tokens + self.decode_steps + 1)
+            self.turn_tokens[version] = TurnTokens(lane.rows, 2 * (self.max_new_tokens + self.decode_steps + 1),
+                                                   self.automaton.hole)  # a hole at most per token taken
         return lane
 
     def tick(self, params_at: Callable[[int], Any]) -> tuple[list[Episode], GenTickStats]:
@@ -338,70 +348,76 @@ class GenerateEngine(RolloutEngine):
 
     def _read_tokens(self, lane: Lane, turn: TurnTokens, starting: list[tuple[int, GenEpisode]], first: Any,
                      out: Any, stats: GenTickStats) -> tuple[list[GenEpisode], np.ndarray]:
-        """Take a lane's new tokens into its rows' turns; returns the episodes whose turn ended, in env-row order
-        (the serial tick's), and their lane rows."""
-        taking = lane.live_rows()
-        ended = np.zeros(0, np.intp)
-        if first is not None:  # the prefilled rows' first tokens
+        """Take a lane's new tokens (the prefilled rows' first ones, then the decode steps') into its rows' turns;
+        returns the episodes whose turn ended, in env-row order (the serial tick's), and their lane rows."""
+        taking, new = lane.row["live"], to_host(out)
+        if first is None:
+            block, prefilled = new.T, None
+        else:
             slots = np.fromiter((slot for slot, _ in starting), np.intp, len(starting))
-            ended = self._take_block(turn, slots, to_host(first)[:, None])[1]
-            if len(ended):
-                taking = taking[~np.isin(taking, ended, assume_unique=True)]
-        new = to_host(out)[taking]
-        kept, ending = self._take_block(turn, taking, new)
-        stats.useful_steps += kept
-        lane.set_next(taking, new[:, -1])  # the next decode step's input (rows whose turn ended are released)
-        slots = np.concatenate([ended, ending])
-        slots = slots[np.argsort(turn.env_row[slots])]
+            block, prefilled = np.empty((1 + new.shape[1], lane.rows), np.int32), np.zeros(lane.rows, bool)
+            block[0], block[1:], prefilled[slots] = self.automaton.hole, new.T, True
+            block[0, slots] = to_host(first)
+        kept, ending = self._take_block(turn, block, taking, prefilled)
+        stats.useful_steps += kept - (0 if first is None else len(starting))
+        lane.set_next(taking, new[taking, -1])  # the next decode step's input (rows whose turn ended are released)
+        slots = ending[np.argsort(turn.env_row[ending])]
         return turn.episode[slots].tolist(), slots
 
-    def _take_block(self, turn: TurnTokens, slots: np.ndarray, new: np.ndarray) -> tuple[int, np.ndarray]:
-        """Append ``new [len(slots), n]`` to the turns of lane rows ``slots``, each until its turn is over (a stop
-        token, a complete action — marked by a ``-1`` after it — or ``max_new_tokens``). Returns the tokens kept
-        and the rows whose turn is over, ascending.
+    def _take_block(self, turn: TurnTokens, block: np.ndarray, taking: np.ndarray,
+                    prefilled: np.ndarray | None = None) -> tuple[int, np.ndarray]:
+        """Append a call's tokens ``block [steps, lane rows]`` to the turns of the lane rows ``taking`` (a mask),
+        each until its turn is over (a stop token, a complete action or ``max_new_tokens``). ``prefilled``: the
+        rows whose token in the block's first step is a prefill's (the others hold the automaton's hole there; None:
+        no such step). Returns the tokens kept and the rows whose turn is over, ascending.
 
-        Every row takes the block, and its action automaton the block's tokens, in a few array operations; only the
-        rows whose block holds a stop token, completes an action or reaches ``max_new_tokens`` are then cut where
-        their turn ends. A reply the automaton can't read (a token that is not ASCII) is asked of the agent at
-        each closing token."""
-        steps = new.shape[1]
-        counts = turn.count[slots]
-        turn.append(slots, new)
-        columns = new.T  # [steps, rows]: what follows reduces over a call's few steps along whole rows of slots
-        states = self.automaton.advance(turn.state[slots], columns)
-        turn.state[slots] = states[-1]
-        stop = self._is_stop.take(columns)
-        unread = (states == UNKNOWN) & self._is_closing.take(columns)
-        marks = stop | (states == ACCEPT) | unread
-        ending = np.flatnonzero(np.logical_or.reduce(marks, axis=0) | (counts + steps >= self.max_new_tokens))
-        kept = steps * (len(slots) - len(ending))
+        The log takes the block as one slice and the automaton its tokens with one lookup per step, for every lane
+        row at once (rows not taking hold no turn: whatever they take is never read); only the rows where an event
+        happened (:attr:`~esjax.agent.automaton.TurnAutomaton.event`) or that reached ``max_new_tokens`` are then
+        cut where their turn ends. A reply the automaton can't read (a token that is not ASCII) is asked of the
+        agent at each closing token."""
+        automaton, steps = self.automaton, len(block)
+        taken = steps if prefilled is None else steps - 1 + prefilled
+        turn.write(block)
+        states = automaton.advance(turn.state, block)
+        turn.state = states[-1]
+        turn.count += taken
+        ending = np.flatnonzero((np.logical_or.reduce(automaton.event.take(states), axis=0)
+                                 | (turn.count >= self.max_new_tokens)) & taking)
+        kept = int(np.sum(taken * taking))
         if not len(ending):
             return kept, ending
-        slots, counts, stop, states, unread = slots[ending], counts[ending], stop[:, ending], states[:, ending], \
-            unread[:, ending]
-        # how many of its new tokens each row takes before a stop token or max_new_tokens ends its turn
-        room = np.where(self._over(turn, slots, counts), 0, np.clip(self.max_new_tokens - counts, 0, steps))
-        room = np.minimum(room, _first(stop) + 1)
-        accepted = _first(states == ACCEPT)
-        lengths = np.where(accepted < room, counts + accepted + 1, 0)  # the complete action's length
-        turn.count[slots] = counts + room
-        asking = np.flatnonzero(np.logical_or.reduce(unread & (np.arange(steps)[:, None] < room), axis=0)
-                                & (lengths == 0))
+        states = states[:, ending]
+        before = turn.count[ending] - (taken if prefilled is None else taken[ending])
+        held = before + np.cumsum(block[:, ending] != automaton.hole, axis=0)  # the turn's length after each step
+        # the step each turn is over at (a stop token or max_new_tokens; ``steps``: none) and where an action completes
+        over_at = np.minimum(_first(states == automaton.stopped), _first(held >= self.max_new_tokens))
+        accept_at = _first(states == ACCEPT)
+        complete = (accept_at < steps) & (accept_at <= over_at)
+        counts = np.where(complete, held[np.minimum(accept_at, steps - 1), np.arange(len(ending))],
+                          held[np.minimum(over_at, steps - 1), np.arange(len(ending))])
+        asking = np.flatnonzero(~complete & np.logical_or.reduce(
+            (states == automaton.unread) & (np.arange(steps)[:, None] <= over_at), axis=0))
         if len(asking):
-            rows = slots[asking]
-            lengths[asking] = self.agent.action_lengths(turn.tokens[rows], turn.count[rows], counts[asking])
-        done = np.flatnonzero(lengths)  # these turns end after ``lengths`` tokens: cut there, mark the action complete
-        room[done] = lengths[done] - counts[done]
-        turn.tokens[slots[done], lengths[done]] = -1
-        turn.count[slots[done]] = lengths[done] + 1
-        return kept + int(room.sum()), slots[self._over(turn, slots)]
+            rows = ending[asking]
+            turn.count[rows] = counts[asking]
+            replies = turn.replies(rows)
+            tokens = np.zeros((len(rows), max(map(len, replies))), np.int32)
+            for r, reply in enumerate(replies):
+                tokens[r, :len(reply)] = reply
+            lengths = self.agent.action_lengths(tokens, counts[asking], before[asking])
+            found = lengths > 0
+            complete[asking[found]] = True
+            counts[asking[found]] = lengths[found]
+        turn.count[ending] = counts
+        turn.complete[ending] = complete
+        kept -= int(np.sum(held[-1] - counts))  # what the cut turns took past their end
+        return kept, ending[complete | (over_at < steps)]
 
-    def _over(self, turn: TurnTokens, slots: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
-        """Which of lane rows ``slots`` hold a turn that is over (after their first ``counts`` tokens: default, all
-        they hold)."""
-        counts = turn.count[slots] if counts is None else counts
-        last = turn.tokens[slots, np.maximum(counts - 1, 0)]
-        return (counts > 0) & (self._is_stop[last] | (last == -1) | (counts >= self.max_new_tokens))
+    def _over(self, turn: TurnTokens, rows: np.ndarray) -> np.ndarray:
+        """Which of lane ``rows`` hold a turn that is over."""
+        stopped = turn.state[rows] == self.automaton.stopped
+        return turn.complete[rows] | (turn.count[rows] >= self.max_new_tokens) | stopped
 
     def _end_turns(self, lane: Lane, turn: TurnTokens, ended: list[GenEpisode], slots: np.ndarray,
                    stats: GenTickStats) -> list[tuple[GenEpisode, list[int]]]:

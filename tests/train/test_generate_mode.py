@@ -238,22 +238,25 @@ def _take_one_by_one(engine, tokens: list[int], new: list[int]) -> int:
     return kept
 
 
-def _check_block_intake(engine, start: list[list[int]], new: np.ndarray) -> dict[str, int]:
-    """Take block ``new [rows, n]`` into turns holding ``start``; assert every row ends with what per-token intake
-    gives, and return how many turns ended which way."""
+def _check_block_intake(engine, start: list[list[int]], new: np.ndarray, taking: np.ndarray,
+                        rng: np.random.Generator) -> dict[str, int]:
+    """Take block ``new [rows, n]`` into the turns holding ``start`` of the rows ``taking``, half of them (at
+    random) first taking a prefill's token (the block's first token, a hole in the others' first step); assert
+    every such row ends with what per-token intake gives, and return how many turns ended which way."""
     from esjax.loop.generate import TurnTokens
 
-    turn = TurnTokens(len(start), engine.max_new_tokens + new.shape[1] + 1)
+    turn = TurnTokens(len(start), 2 * (engine.max_new_tokens + new.shape[1] + 1), engine.automaton.hole)
     for r, tokens in enumerate(start):
         turn.put(r, SimpleNamespace(tokens=tokens, row=r), engine.automaton.state_of(tokens))
-    slots = np.arange(len(start))
-    kept, ended = engine._take_block(turn, slots, new)
-    over = engine._over(turn, slots)
+    prefilled = rng.random(len(start)) < 0.5
+    block = np.concatenate([np.where(prefilled, new[:, 0], engine.automaton.hole)[None], new[:, 1:].T])
+    kept, ended = engine._take_block(turn, block, taking, prefilled)
+    over = engine._over(turn, np.arange(len(start))) & taking
     assert ended.tolist() == np.flatnonzero(over).tolist()
     want_kept, ends = 0, {"stop or length": 0, "complete action": 0, "going on": 0}
-    for r in range(len(start)):
+    for r in np.flatnonzero(taking).tolist():
         tokens = list(start[r])
-        want_kept += _take_one_by_one(engine, tokens, new[r].tolist())
+        want_kept += _take_one_by_one(engine, tokens, new[r, 0 if prefilled[r] else 1:].tolist())
         assert turn.get(r) == tokens, r
         ends["going on" if not over[r] else "complete action" if tokens[-1] == -1 else "stop or length"] += 1
     assert kept == want_kept
@@ -267,7 +270,7 @@ def test_block_token_intake_equals_taking_tokens_one_by_one(shop, action_policy)
     every closing token."""
     engine = _engine(shop, action_policy, steps=4)
     agent, rng = engine.agent, np.random.default_rng(0)
-    plain = [t for t in range(engine.model_config.vocab_size) if not (engine._is_stop[t] or engine._is_closing[t])]
+    plain = [t for t in range(engine.model_config.vocab_size) if t not in agent.stop_token_ids | agent.closing_ids]
     special = sorted(agent.closing_ids | agent.stop_token_ids)
     vocab = [*plain[:60], *special[:6]]
     ends = dict.fromkeys(("stop or length", "complete action", "going on"), 0)
@@ -275,7 +278,8 @@ def test_block_token_intake_equals_taking_tokens_one_by_one(shop, action_policy)
         rows, n = 16, int(rng.integers(1, 6))
         start = [[int(t) for t in rng.choice(plain[:60], int(rng.integers(0, engine.max_new_tokens)))]
                  for _ in range(rows)]
-        for way, count in _check_block_intake(engine, start, rng.choice(vocab, (rows, n)).astype(np.int32)).items():
+        new, taking = rng.choice(vocab, (rows, n + 1)).astype(np.int32), rng.random(rows) < 0.8
+        for way, count in _check_block_intake(engine, start, new, taking, rng).items():
             ends[way] += count
     assert min(ends.values()) > 5, ends  # every way a turn ends (or not) was taken
 
@@ -310,7 +314,7 @@ def test_block_token_intake_with_the_action_automaton(shop):
             rest = reply[cut:] + [int(t) for t in rng.choice(noise, n)]
             start.append(reply[:cut][:engine.max_new_tokens - 1])
             new[r] = rest[:n]
-        for way, count in _check_block_intake(engine, start, new).items():
+        for way, count in _check_block_intake(engine, start, new, rng.random(rows) < 0.8, rng).items():
             ends[way] += count
     assert min(ends.values()) > 5, ends
 
