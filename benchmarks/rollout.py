@@ -55,6 +55,7 @@ if str(ROOT) not in sys.path:
 
 import esjax.agent.scoring as scoring  # noqa: E402
 import esjax.train.trainer as driver  # noqa: E402
+from esjax.agent.lanes import DECODE_FIELDS  # noqa: E402
 from esjax.config import load_config  # noqa: E402
 from esjax.loop.generate import GenerateEngine  # noqa: E402
 from esjax.loop.rollout import RolloutEngine, TickStats  # noqa: E402
@@ -228,12 +229,12 @@ class SimulatedLaneDevice(SimulatedDevice):
         self.prefill_rows += tokens.shape[0]
         return None, None, self._queue(tokens.shape[0] * self.seconds_per_row, self._tokens(counts)), alive
 
-    def decode(self, config, sampling, params, prepared, cache, cur, pos, counts, active, greedy, lo, hi,
-               choices=None, alive=None, *, steps):
+    def decode(self, config, sampling, params, prepared, cache, cur, fields, choices=None, alive=None, *, steps):
         cpu = time.thread_time()
         self.decode_calls += 1
         self.decode_steps += steps
-        tokens = self._tokens(np.asarray(counts)[:, None] + np.arange(steps)[None, :])
+        counts = np.asarray(fields)[DECODE_FIELDS.index("count")]
+        tokens = self._tokens(counts[:, None] + np.arange(steps)[None, :])
         output = self._queue(steps * self.seconds_per_step, tokens)
         self.decode_cpu_seconds += time.thread_time() - cpu
         return cache, output, alive

@@ -113,22 +113,23 @@ class TurnAutomaton:
     """:class:`ActionAutomaton` extended with a turn's other events, over every token id a model writes, so a
     decode call's block of tokens is read with one table lookup per step and one test of the states.
 
-    A stop token leads to :attr:`stopped` (absorbing); a closing token that leaves a reply in :data:`UNKNOWN` leads
-    to :attr:`unread`, where the caller asks the agent's exact path (it goes on as :data:`UNKNOWN`); id
-    :attr:`hole` (a step where a row took no token) leaves every state as it is. :attr:`event` marks the states
-    where a turn may end (:data:`ACCEPT`, :attr:`stopped`, :attr:`unread`). The table is token-major,
-    ``[ids + 1, states]``: a step's lookups touch one short row per token.
+    A stop token leads to :attr:`stopped`; a closing token that leaves a reply in :data:`UNKNOWN` leads to
+    :attr:`unread`, where the caller asks the agent's exact path (and sets the state back to :data:`UNKNOWN` if the
+    reply goes on); id :attr:`hole` (a step where a row took no token) leaves every state as it is. The states
+    where a turn may end (:data:`ACCEPT`, :attr:`stopped`, :attr:`unread`: :attr:`event`) are absorbing but for a
+    stop token, so a block's last states tell which rows to look at. The table is token-major,
+    ``[ids + 1, states]`` (int16): a step's lookups touch one short row per token.
     """
 
     def __init__(self, action: ActionAutomaton, stop_ids: Sequence[int], closing_ids: Sequence[int], ids: int):
         states = len(action.table)
         self.stopped, self.unread, self.hole, self.width = states, states + 1, ids, states + 2
-        table = np.full((ids + 1, self.width), UNKNOWN, np.int32)
+        table = np.full((ids + 1, self.width), UNKNOWN, np.int16)
         known = min(ids, action.vocab)
         table[:known, :states] = action.table[:, :known].T
-        table[:, self.unread] = table[:, UNKNOWN]
         closing = sorted(closing_ids)
         table[closing] = np.where(table[closing] == UNKNOWN, self.unread, table[closing])
+        table[:, self.unread] = self.unread
         table[:, self.stopped] = self.stopped
         table[sorted(stop_ids)] = self.stopped
         table[self.hole] = np.arange(self.width)

@@ -179,11 +179,17 @@ def _shift(cache, shift):
             "valid": roll(cache["valid"], 1) & inside[None, :], "index": cache["index"] - shift}
 
 
+#: the per-row fields a decode step reads, packed into one int32 array ``[fields, rows]`` per call (one transfer)
+DECODE_FIELDS = ("pos", "count", "live", "greedy", "lo", "hi")
+
+
 @functools.partial(jax.jit, static_argnames=("config", "sampling", "steps"), donate_argnames=("cache", "alive"))
-def _decode(config: ModelConfig, sampling: Sampling, params, prepared: Prepared | None, cache, cur, pos, counts,
-            active, greedy, lo, hi, choices=None, alive=None, *, steps: int):
-    """``steps`` decode steps for every row; returns the cache, the sampled tokens ``[rows, steps]`` and the
-    choices still alive (None without choices)."""
+def _decode(config: ModelConfig, sampling: Sampling, params, prepared: Prepared | None, cache, cur, fields,
+            choices=None, alive=None, *, steps: int):
+    """``steps`` decode steps for every row (``fields``: :data:`DECODE_FIELDS`); returns the cache, the sampled
+    tokens ``[rows, steps]`` and the choices still alive (None without choices)."""
+    pos, counts, active, greedy = fields[0], fields[1], fields[2] != 0, fields[3] != 0
+    lo, hi = jax.lax.bitcast_convert_type(fields[4:], jnp.uint32)
     keys = turn_keys(lo, hi)
     mask = active[:, None]
 
@@ -254,8 +260,13 @@ class Lane:
         return np.flatnonzero(self.row["live"])
 
     def set_next(self, rows: Any, tokens: Any) -> None:
-        """The tokens the next decode step feeds to ``rows``."""
-        self.row["cur"][rows] = tokens
+        """The tokens the next decode step feeds to ``rows``: lane rows, or a mask over them (``tokens`` then holds
+        one per lane row, and only the masked rows take theirs)."""
+        rows = np.asarray(rows)
+        if rows.dtype == bool:
+            np.copyto(self.row["cur"], tokens, where=rows)
+        else:
+            self.row["cur"][rows] = tokens
 
     def free_row(self) -> int:
         """Reserve the lowest lane row neither live nor reserved (the caller prefills it next), growing the lane
@@ -282,9 +293,10 @@ class Lane:
         """Free lane row(s) ``rows`` (a row past the lane's end is ignored)."""
         rows = np.asarray(rows)
         rows = rows[rows < self.rows]
-        for name, values in self.row.items():
-            values[rows] = name == "greedy"
-        self._members_changed = True
+        if rows.size:
+            for name, values in self.row.items():
+                values[rows] = name == "greedy"
+            self._members_changed = True
 
     def _perturbation(self, noise, sigma: float, params: Any, versions: Any, indices: Any, perturbed: Any
                       ) -> Prepared | None:
@@ -398,10 +410,11 @@ class Lane:
             self._prepared_members = tuple(m.copy() for m in members)
         self._members_changed = False
         cur = self._cur if prefilled else self._vector("cur")
+        fields = np.empty((len(DECODE_FIELDS), self.rows), np.int32)  # new each call: the call may read it later
+        for i, name in enumerate(DECODE_FIELDS):
+            fields[i] = row[name]  # lo / hi: their uint32 bits, read back as such
         self.cache, out, self.alive = _decode(self.config, self.sampling, params, self._prepared, self.cache, cur,
-                                              self._vector("pos"), self._vector("count"), self._vector("live"),
-                                              self._vector("greedy"), self._vector("lo"), self._vector("hi"),
-                                              self.choices, self.alive, steps=steps)
+                                              fields, self.choices, self.alive, steps=steps)
         self.index += steps
         live = row["live"]
         np.add(row["pos"], steps, out=row["pos"], where=live)

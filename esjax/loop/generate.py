@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from esjax.agent.automaton import ACCEPT, TurnAutomaton
+from esjax.agent.automaton import ACCEPT, UNKNOWN, TurnAutomaton
 from esjax.agent.buckets import next_power_of_two
 from esjax.agent.lanes import PREFILL_BUCKETS, Lane, RowState, Sampling, split_seed
 from esjax.es.noise import NoiseSpec
@@ -354,13 +354,13 @@ class GenerateEngine(RolloutEngine):
         if first is None:
             block, prefilled = new.T, None
         else:
-            slots = np.fromiter((slot for slot, _ in starting), np.intp, len(starting))
+            slots = np.array([slot for slot, _ in starting], np.intp)
             block, prefilled = np.empty((1 + new.shape[1], lane.rows), np.int32), np.zeros(lane.rows, bool)
             block[0], block[1:], prefilled[slots] = self.automaton.hole, new.T, True
             block[0, slots] = to_host(first)
         kept, ending = self._take_block(turn, block, taking, prefilled)
         stats.useful_steps += kept - (0 if first is None else len(starting))
-        lane.set_next(taking, new[taking, -1])  # the next decode step's input (rows whose turn ended are released)
+        lane.set_next(taking, new[:, -1])  # the next decode step's input (rows whose turn ended are released)
         slots = ending[np.argsort(turn.env_row[ending])]
         return turn.episode[slots].tolist(), slots
 
@@ -382,9 +382,10 @@ class GenerateEngine(RolloutEngine):
         states = automaton.advance(turn.state, block)
         turn.state = states[-1]
         turn.count += taken
-        ending = np.flatnonzero((np.logical_or.reduce(automaton.event.take(states), axis=0)
-                                 | (turn.count >= self.max_new_tokens)) & taking)
-        kept = int(np.sum(taken * taking))
+        ending = np.flatnonzero((automaton.event.take(turn.state) | (turn.count >= self.max_new_tokens)) & taking)
+        kept = (steps - (prefilled is not None)) * int(np.count_nonzero(taking))
+        if prefilled is not None:
+            kept += int(np.count_nonzero(prefilled))  # prefilled rows are live
         if not len(ending):
             return kept, ending
         states = states[:, ending]
@@ -411,6 +412,7 @@ class GenerateEngine(RolloutEngine):
             counts[asking[found]] = lengths[found]
         turn.count[ending] = counts
         turn.complete[ending] = complete
+        turn.state[ending[~complete & (turn.state[ending] == automaton.unread)]] = UNKNOWN  # asked: it goes on
         kept -= int(np.sum(held[-1] - counts))  # what the cut turns took past their end
         return kept, ending[complete | (over_at < steps)]
 

@@ -248,7 +248,7 @@ def _check_block_intake(engine, start: list[list[int]], new: np.ndarray, taking:
     turn = TurnTokens(len(start), 2 * (engine.max_new_tokens + new.shape[1] + 1), engine.automaton.hole)
     for r, tokens in enumerate(start):
         turn.put(r, SimpleNamespace(tokens=tokens, row=r), engine.automaton.state_of(tokens))
-    prefilled = rng.random(len(start)) < 0.5
+    prefilled = (rng.random(len(start)) < 0.5) & taking  # as in a lane: a prefilled row is live
     block = np.concatenate([np.where(prefilled, new[:, 0], engine.automaton.hole)[None], new[:, 1:].T])
     kept, ended = engine._take_block(turn, block, taking, prefilled)
     over = engine._over(turn, np.arange(len(start))) & taking
