@@ -416,11 +416,6 @@ class GenerateEngine(RolloutEngine):
         kept -= int(np.sum(held[-1] - counts))  # what the cut turns took past their end
         return kept, ending[complete | (over_at < steps)]
 
-    def _over(self, turn: TurnTokens, rows: np.ndarray) -> np.ndarray:
-        """Which of lane ``rows`` hold a turn that is over."""
-        stopped = turn.state[rows] == self.automaton.stopped
-        return turn.complete[rows] | (turn.count[rows] >= self.max_new_tokens) | stopped
-
     def _end_turns(self, lane: Lane, turn: TurnTokens, ended: list[GenEpisode], slots: np.ndarray,
                    stats: GenTickStats) -> list[tuple[GenEpisode, list[int]]]:
         """Take the ended turns' reply tokens and free their lane rows ``slots``: (episode, reply tokens) each."""

@@ -251,7 +251,8 @@ def _check_block_intake(engine, start: list[list[int]], new: np.ndarray, taking:
     prefilled = (rng.random(len(start)) < 0.5) & taking  # as in a lane: a prefilled row is live
     block = np.concatenate([np.where(prefilled, new[:, 0], engine.automaton.hole)[None], new[:, 1:].T])
     kept, ended = engine._take_block(turn, block, taking, prefilled)
-    over = engine._over(turn, np.arange(len(start))) & taking
+    stopped = turn.state == engine.automaton.stopped
+    over = (turn.complete | (turn.count >= engine.max_new_tokens) | stopped) & taking
     assert ended.tolist() == np.flatnonzero(over).tolist()
     want_kept, ends = 0, {"stop or length": 0, "complete action": 0, "going on": 0}
     for r in np.flatnonzero(taking).tolist():
