@@ -171,16 +171,14 @@ class GenerateAgent:
         """Whether a reply holds a complete action (the turn can stop)."""
         return ACTION.search(text) is not None
 
-    def action_lengths(self, tokens: np.ndarray, lengths: np.ndarray, checked: np.ndarray) -> np.ndarray:
-        """For each reply (row ``r`` of ``tokens``: its first ``lengths[r]`` token ids, a turn so far): the length of
-        its shortest prefix that is longer than ``checked[r]`` tokens, ends at a closing token and holds a complete
-        action; 0 when none does: ``complete(decode(prefix))`` tested at each closing token after ``checked``.
+    def action_lengths(self, replies: Sequence[Sequence[int]], checked: Sequence[int]) -> np.ndarray:
+        """For each reply (token ids, a turn so far): the length of its shortest prefix that is longer than
+        ``checked[r]`` tokens, ends at a closing token and holds a complete action; 0 when none does:
+        ``complete(decode(prefix))`` tested at each closing token after ``checked``.
 
         The engine asks it only for the replies :attr:`automaton` can't read (a token that is not ASCII, or a
         tokenizer that is not byte-level); the automaton answers the others as it decodes."""
-        tokens = np.asarray(tokens)
-        return np.array([self._action_length(tokens[r, :n].tolist(), int(c)) for r, (n, c) in
-                         enumerate(zip(np.asarray(lengths).tolist(), np.asarray(checked).tolist()))], np.intp)
+        return np.array([self._action_length(list(ids), int(c)) for ids, c in zip(replies, checked)], np.intp)
 
     def _action_length(self, ids: Sequence[int], start: int) -> int:
         """:meth:`action_lengths` of one reply, as specified: a ``decode`` and a search per closing token."""

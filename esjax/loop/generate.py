@@ -395,18 +395,12 @@ class GenerateEngine(RolloutEngine):
         over_at = np.minimum(_first(states == automaton.stopped), _first(held >= self.max_new_tokens))
         accept_at = _first(states == ACCEPT)
         complete = (accept_at < steps) & (accept_at <= over_at)
-        counts = np.where(complete, held[np.minimum(accept_at, steps - 1), np.arange(len(ending))],
-                          held[np.minimum(over_at, steps - 1), np.arange(len(ending))])
+        counts = held[np.minimum(np.where(complete, accept_at, over_at), steps - 1), np.arange(len(ending))]
         asking = np.flatnonzero(~complete & np.logical_or.reduce(
             (states == automaton.unread) & (np.arange(steps)[:, None] <= over_at), axis=0))
         if len(asking):
-            rows = ending[asking]
-            turn.count[rows] = counts[asking]
-            replies = turn.replies(rows)
-            tokens = np.zeros((len(rows), max(map(len, replies))), np.int32)
-            for r, reply in enumerate(replies):
-                tokens[r, :len(reply)] = reply
-            lengths = self.agent.action_lengths(tokens, counts[asking], before[asking])
+            turn.count[ending[asking]] = counts[asking]
+            lengths = self.agent.action_lengths(turn.replies(ending[asking]), before[asking].tolist())
             found = lengths > 0
             complete[asking[found]] = True
             counts[asking[found]] = lengths[found]

@@ -109,10 +109,10 @@ class GeneratingAgent(Protocol):
         """The text of reply tokens (stop tokens left out)."""
         ...
 
-    def action_lengths(self, tokens: np.ndarray, lengths: np.ndarray, checked: np.ndarray) -> np.ndarray:
-        """For each reply (row ``r`` of ``tokens``: its first ``lengths[r]`` ids): the length of its shortest prefix
-        longer than ``checked[r]`` tokens that ends at a closing token and holds a complete action (its turn can end
-        there), 0 when none does. The engine asks it for the replies ``automaton`` can't read."""
+    def action_lengths(self, replies: Sequence[Sequence[int]], checked: Sequence[int]) -> np.ndarray:
+        """For each reply (token ids): the length of its shortest prefix longer than ``checked[r]`` tokens that ends
+        at a closing token and holds a complete action (its turn can end there), 0 when none does. The engine asks
+        it for the replies ``automaton`` can't read."""
         ...
 
     def parse(self, text: str) -> tuple[str, str, bool]:

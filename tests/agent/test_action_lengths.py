@@ -41,9 +41,8 @@ def test_ascii_tokens_decode_to_their_pieces_joined(agent):
 
 
 def test_action_lengths_equal_decoding_every_prefix(agent):
-    """The agent's exact path, which the engine asks for the replies its automaton can't read, on a batch of rows
-    padded past each reply and checked from several points: ASCII-only replies and others, with and without an
-    action."""
+    """The agent's exact path, which the engine asks for the replies its automaton can't read, on a batch of replies
+    checked from several points: ASCII-only replies and others, with and without an action."""
     tokenizer, rng = agent.tokenizer, np.random.default_rng(1)
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False).ids
     stop = sorted(agent.stop_token_ids)
@@ -60,16 +59,14 @@ def test_action_lengths_equal_decoding_every_prefix(agent):
         replies.append(head + list(replies[int(rng.integers(0, len(texts)))]) + tail)
     rows = [([int(i) for i in ids], checked) for ids in replies for checked in {0, len(ids) // 2, max(len(ids) - 1, 0)}]
     rows = [(ids, checked) for ids, checked in rows if ids]
-    width = max(len(ids) for ids, _ in rows)
-    tokens = np.array([ids + [int(rng.integers(0, 200))] * (width - len(ids)) for ids, _ in rows])  # past the reply
-    got = agent.action_lengths(tokens, [len(ids) for ids, _ in rows], [checked for _, checked in rows])
+    got = agent.action_lengths([ids for ids, _ in rows], [checked for _, checked in rows])
     want = [_by_decoding(agent, ids, checked) for ids, checked in rows]
     assert got.tolist() == want
     ascii_only = [all(agent._pieces.ascii[min(i, agent._pieces.outside)] for i in ids) for ids, _ in rows]
     kinds = {"ascii": sum(ascii_only), "not ascii": len(ascii_only) - sum(ascii_only),
              "found": sum(w > 0 for w in want), "found ascii": sum(w > 0 and a for w, a in zip(want, ascii_only))}
     assert min(kinds.values()) > 50, kinds
-    assert len(agent.action_lengths(np.zeros((0, 3), int), [], [])) == 0
+    assert len(agent.action_lengths([], [])) == 0
 
 
 def test_byte_automaton_accepts_where_the_regular_expression_first_matches():
