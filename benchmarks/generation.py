@@ -36,8 +36,7 @@ def _lane_with_rows(config, params, rows: int, prompt: int, length: int, samplin
     lane = Lane(config, rows, length, params["embed"]["embedding"].dtype, sampling)
     members = [(0, r, noise is not None) for r in range(rows)]
     entries = [(r, list(range(3, 3 + prompt)), RowState(members[r], *split_seed(r), False)) for r in range(rows)]
-    first = np.asarray(lane.prefill(params, noise, sigma, entries, 1))
-    lane.set_next(np.arange(rows), first)
+    lane.prefill(params, noise, sigma, entries, 1)
     return lane
 
 
@@ -50,10 +49,10 @@ def throughput(config, params, rows: int, prompt: int, tokens: int, rounds: int,
 
     def run(mode: str) -> float:
         lane = _lane_with_rows(config, params, rows, prompt, length, sampling, modes[mode], 0.01)
-        lane.decode(params, modes[mode], 0.01, steps, prefilled=False)  # prepares the members' noise
+        lane.decode(params, modes[mode], 0.01, steps)  # prepares the members' noise
         start = time.perf_counter()
         for _ in range(tokens // steps):
-            out = lane.decode(params, modes[mode], 0.01, steps, prefilled=False)
+            out = lane.decode(params, modes[mode], 0.01, steps)
         jax.block_until_ready(out)
         return rows * (tokens // steps) * steps / (time.perf_counter() - start)
 
@@ -86,16 +85,13 @@ def wasted(config, params, rows: int, replies: list[int], prompt: int, steps: in
                     i, n = queue.pop(0)
                     entries.append((r, list(range(3, 3 + prompt)), RowState((0, 0, False), *split_seed(i), True)))
                     left[r] = n - 1  # the prefill draws the first token
-            first = lane.prefill(params, None, 0.0, entries, steps)
-            if first is not None:
-                lane.set_next([r for r, _, _ in entries], np.asarray(first))
-        out = np.asarray(lane.decode(params, None, 0.0, steps, prefilled=False))
+            lane.prefill(params, None, 0.0, entries, steps)
+        jax.block_until_ready(lane.decode(params, None, 0.0, steps))  # a real run reads every call
         computed += lane.rows * steps
         for r in list(left):
             take = min(left[r], steps)
             kept += take
             left[r] -= take
-            lane.set_next(r, int(out[r, -1]))
             if left[r] <= 0:
                 del left[r]
                 lane.release(r)

@@ -55,6 +55,7 @@ if str(ROOT) not in sys.path:
 
 import esjax.agent.scoring as scoring  # noqa: E402
 import esjax.train.trainer as driver  # noqa: E402
+from esjax.agent.automaton import START  # noqa: E402
 from esjax.agent.lanes import DECODE_FIELDS  # noqa: E402
 from esjax.config import load_config  # noqa: E402
 from esjax.loop.generate import GenerateEngine  # noqa: E402
@@ -213,6 +214,7 @@ class SimulatedLaneDevice(SimulatedDevice):
         self.seconds_per_step = seconds_per_step
         self.reply = reply
         self.reply_ids: np.ndarray | None = None  # the reply in the run's tokenizer, set by the engine hook
+        self.reply_states: np.ndarray | None = None  # the turn automaton's state after each token of the reply
         self.decode_calls = self.decode_steps = self.prefill_rows = 0
         self.decode_cpu_seconds = 0.0  # the host CPU of this stand-in's decode calls (not the engine's)
 
@@ -229,15 +231,21 @@ class SimulatedLaneDevice(SimulatedDevice):
         self.prefill_rows += tokens.shape[0]
         return None, None, self._queue(tokens.shape[0] * self.seconds_per_row, self._tokens(counts)), alive
 
-    def decode(self, config, sampling, params, prepared, cache, cur, fields, choices=None, alive=None, *, steps):
+    def decode(self, config, sampling, params, prepared, cache, cur, fields, choices=None, alive=None, turns=None,
+               *, steps):
+        """The fed token (the last one drawn), ``steps`` new ones and, with ``turns``, the automaton's states: as
+        every turn writes the reply from its start, a row's state after ``n`` tokens is the reply's."""
         cpu = time.thread_time()
         self.decode_calls += 1
         self.decode_steps += steps
-        counts = np.asarray(fields)[DECODE_FIELDS.index("count")]
-        tokens = self._tokens(counts[:, None] + np.arange(steps)[None, :])
-        output = self._queue(steps * self.seconds_per_step, tokens)
+        counts = np.asarray(fields)[DECODE_FIELDS.index("count")][:, None] + np.arange(-1, steps)[None, :]
+        values = self._tokens(counts)
+        if turns is not None:
+            values = np.concatenate([values, self.reply_states[np.clip(counts + 1, 0, len(self.reply_states) - 1)]],
+                                    axis=1)
+        output = self._queue(steps * self.seconds_per_step, values)
         self.decode_cpu_seconds += time.thread_time() - cpu
-        return cache, output, alive
+        return cache, cur, output, alive
 
     def install(self) -> None:
         import esjax.agent.lanes as lanes
@@ -251,9 +259,12 @@ class SimulatedLaneDevice(SimulatedDevice):
         def hooked_init(engine, pool, agent, *args, **kwargs):
             device.reply_ids = np.asarray(agent.tokenizer.encode(device.reply, add_special_tokens=False).ids)
             init(engine, pool, agent, *args, **kwargs)
+            cycled = np.resize(device.reply_ids, engine.max_new_tokens + engine.decode_steps + 1)
+            start = np.array([START], np.int32)
+            device.reply_states = np.concatenate([start, engine.automaton.advance(start, cycled[:, None])[:, 0]])
 
         lanes._prefill, lanes._decode = self.prefill, self.decode
-        lanes._insert = lambda cache, k_new, v_new, mask, rows, cur, first: (cache, first)
+        lanes._insert = lambda cache, k_new, v_new, mask, rows, cur, first: (cache, cur)
         lanes._shift = lambda cache, shift: cache
         lanes.prepare_jit = lambda perturbation, params: None  # noise preparation is device work too
         generate.GenerateEngine.__init__ = hooked_init

@@ -179,17 +179,22 @@ def _shift(cache, shift):
             "valid": roll(cache["valid"], 1) & inside[None, :], "index": cache["index"] - shift}
 
 
-#: the per-row fields a decode step reads, packed into one int32 array ``[fields, rows]`` per call (one transfer)
-DECODE_FIELDS = ("pos", "count", "live", "greedy", "lo", "hi")
+#: the per-row fields a decode step reads, packed into one int32 array ``[fields, rows]`` per call (one transfer):
+#: ``state`` a row's turn-automaton state before the call, ``fresh`` whether its fed token is a prefill's (not yet
+#: read by the automaton)
+DECODE_FIELDS = ("pos", "count", "live", "greedy", "lo", "hi", "state", "fresh")
 
 
 @functools.partial(jax.jit, static_argnames=("config", "sampling", "steps"), donate_argnames=("cache", "alive"))
 def _decode(config: ModelConfig, sampling: Sampling, params, prepared: Prepared | None, cache, cur, fields,
-            choices=None, alive=None, *, steps: int):
-    """``steps`` decode steps for every row (``fields``: :data:`DECODE_FIELDS`); returns the cache, the sampled
-    tokens ``[rows, steps]`` and the choices still alive (None without choices)."""
+            choices=None, alive=None, turns=None, *, steps: int):
+    """``steps`` decode steps for every row, feeding ``cur [rows]`` first (``fields``: :data:`DECODE_FIELDS`);
+    returns the cache, each row's last token (the next call's ``cur``), the output and the choices still alive (None
+    without choices). The output is the sampled tokens ``[rows, steps]``; with a turn automaton ``turns [ids + 1,
+    states]`` (:class:`~esjax.agent.automaton.TurnAutomaton`), ``[rows, 2 + 2 * steps]``: the fed token, the
+    sampled ones, then each row's state after the fed token (advanced only where ``fresh``) and after each step."""
     pos, counts, active, greedy = fields[0], fields[1], fields[2] != 0, fields[3] != 0
-    lo, hi = jax.lax.bitcast_convert_type(fields[4:], jnp.uint32)
+    lo, hi = jax.lax.bitcast_convert_type(fields[4:6], jnp.uint32)
     keys = turn_keys(lo, hi)
     mask = active[:, None]
 
@@ -200,8 +205,21 @@ def _decode(config: ModelConfig, sampling: Sampling, params, prepared: Prepared 
         return cache, tok, out.at[:, i].set(tok), alive
 
     out = jnp.zeros((cur.shape[0], steps), jnp.int32)
-    cache, _, out, alive = jax.lax.fori_loop(0, steps, body, (cache, cur, out, alive))
-    return cache, out, alive
+    cache, last, out, alive = jax.lax.fori_loop(0, steps, body, (cache, cur, out, alive))
+    if turns is None:
+        return cache, last, out, alive
+    state = jnp.where(fields[7] != 0, turns[cur, fields[6]], fields[6])
+    states = [state]
+    for i in range(steps):  # one gather per step: the automaton's table is token-major
+        states.append(turns[out[:, i], states[-1]])
+    return cache, last, jnp.concatenate([cur[:, None], out, jnp.stack(states, 1).astype(jnp.int32)], 1), alive
+
+
+def decoded_parts(out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A decode call's output with a turn automaton (read to the host) as the fed tokens ``[rows]``, the sampled
+    ones ``[rows, steps]`` and the states ``[rows, 1 + steps]`` (see :func:`_decode`)."""
+    steps = (out.shape[1] - 2) // 2
+    return out[:, 0], out[:, 1:1 + steps], out[:, 1 + steps:]
 
 
 # ------------------------------------------------------------------------------------------------- the lane
@@ -220,30 +238,35 @@ class RowState:
 class Lane:
     """A KV cache of ``rows`` rows and ``length`` slots for one θ (see the module docstring).
 
-    The host's bookkeeping (which rows are live, their members, next tokens, positions) is one numpy array per
-    field over the lane's rows, so a decode step costs the host the same few array operations however many rows
-    are live; the device holds the cache only, and everything a decode step needs is passed in per call.
-    Rows not live hold token 0, position 0, count 0, seed 0, greedy and no member.
+    The host's bookkeeping (which rows are live, their members, positions) is one numpy array per field over the
+    lane's rows, so a decode step costs the host the same few array operations however many rows are live; the
+    device holds the cache and each row's next token to feed (its last one drawn), everything else a decode step
+    needs is passed in per call. Rows not live hold position 0, count 0, seed 0, greedy and no member.
+
+    ``turns``: a :class:`~esjax.agent.automaton.TurnAutomaton` table on the device; with it each decode call also
+    advances the rows' automaton states (see :func:`_decode`), so the host reads a call's tokens and states at once.
     """
 
     #: per-row host fields and their dtypes (``greedy`` is True for rows not live; ``reserved``: handed out by
-    #: :meth:`free_row`, not yet prefilled)
-    _FIELDS = {"cur": np.int32, "pos": np.int32, "count": np.int32, "lo": np.uint32, "hi": np.uint32,
-               "greedy": bool, "live": bool, "reserved": bool, "start": np.int64, "version": np.int32,
-               "index": np.int32, "perturbed": bool}
+    #: :meth:`free_row`, not yet prefilled; ``fresh``: prefilled since the last decode call)
+    _FIELDS = {"pos": np.int32, "count": np.int32, "lo": np.uint32, "hi": np.uint32, "greedy": bool, "live": bool,
+               "reserved": bool, "fresh": bool, "start": np.int64, "version": np.int32, "index": np.int32,
+               "perturbed": bool}
 
-    def __init__(self, config: ModelConfig, rows: int, length: int, dtype: Any, sampling: Sampling):
+    def __init__(self, config: ModelConfig, rows: int, length: int, dtype: Any, sampling: Sampling,
+                 turns: jax.Array | None = None):
         self.config = config
         self.length = length
         self.dtype = dtype
         self.sampling = sampling
+        self.turns = turns
         self.cache = init_cache(config, rows, length, dtype)
         self.index = 0  # the host's copy of cache['index']
         self.row = {name: self._blank(name, rows) for name in self._FIELDS}
         self._prepared_members: tuple[np.ndarray, ...] | None = None
         self._members_changed = True  # a row's member may differ from those of ``_prepared``
         self._prepared: Prepared | None = None
-        self._cur: jax.Array | None = None  # next tokens after a prefill (device)
+        self._cur = jnp.zeros(rows, jnp.int32)  # each row's next token to feed (device)
         # constrained turns (device, created by the first): [rows, width, length] reply ids, [rows, width] alive
         self.choices: jax.Array | None = None
         self.alive: jax.Array | None = None
@@ -259,15 +282,6 @@ class Lane:
         """The live lane rows, ascending."""
         return np.flatnonzero(self.row["live"])
 
-    def set_next(self, rows: Any, tokens: Any) -> None:
-        """The tokens the next decode step feeds to ``rows``: lane rows, or a mask over them (``tokens`` then holds
-        one per lane row, and only the masked rows take theirs)."""
-        rows = np.asarray(rows)
-        if rows.dtype == bool:
-            np.copyto(self.row["cur"], tokens, where=rows)
-        else:
-            self.row["cur"][rows] = tokens
-
     def free_row(self) -> int:
         """Reserve the lowest lane row neither live nor reserved (the caller prefills it next), growing the lane
         (doubling its rows) when it is full."""
@@ -280,6 +294,7 @@ class Lane:
                                                                  x.dtype)], axis=axis)
             self.cache = {"k": grow(self.cache["k"], 1), "v": grow(self.cache["v"], 1),
                           "valid": grow(self.cache["valid"], 0), "index": self.cache["index"]}
+            self._cur = grow(self._cur, 0)
             self.row = {name: np.concatenate([values, self._blank(name, old)]) for name, values in self.row.items()}
             self._prepared_members = None
             self._members_changed = True
@@ -348,7 +363,7 @@ class Lane:
         k_new, v_new, first, alive = _prefill(self.config, self.sampling, params, prepared, tokens, mask, lo, hi,
                                               counts, greedy, choices, alive)
         into = pad(rows, self.rows, np.int32)  # out of range: dropped
-        self.cache, self._cur = _insert(self.cache, k_new, v_new, mask, into, self._vector("cur"), first)
+        self.cache, self._cur = _insert(self.cache, k_new, v_new, mask, into, self._cur, first)
         if self.choices is not None:
             if choices is None:  # free turns only: clear what earlier turns of these rows left
                 choices = np.full((n_b, *self.choices.shape[1:]), -1, np.int32)
@@ -358,10 +373,10 @@ class Lane:
         row = self.row
         row["live"][rows] = True
         row["reserved"][rows] = False
+        row["fresh"][rows] = True
         row["start"][rows] = self.index - lengths
         row["pos"][rows] = lengths
         row["count"][rows] = counts[:n] + 1
-        row["cur"][rows] = 0
         for name, values in (("lo", lo), ("hi", hi), ("greedy", greedy), ("version", versions), ("index", indices),
                              ("perturbed", perturbed)):
             row[name][rows] = values[:n]
@@ -393,14 +408,10 @@ class Lane:
                 ids[i], alive[i] = pack_choices(choices, partial, width, length)
         return ids, alive
 
-    def _vector(self, name: str) -> np.ndarray:
-        """A copy of one per-row field for a jitted call (the call may read it after the host changed the field)."""
-        return self.row[name].copy()
-
-    def decode(self, params: Any, noise, sigma: float, steps: int, prefilled: bool) -> jax.Array:
-        """``steps`` decode steps for every live row; returns the tokens ``[rows, steps]`` (device, not yet read).
-
-        ``prefilled``: :meth:`prefill` ran just before (its rows' next tokens are on the device)."""
+    def decode(self, params: Any, noise, sigma: float, steps: int, states: np.ndarray | None = None) -> jax.Array:
+        """``steps`` decode steps for every live row; returns the tokens ``[rows, steps]`` (device, not yet read), or
+        with :attr:`turns` the fed and sampled tokens and the automaton states from ``states [rows]`` (the rows'
+        states before the call; :func:`decoded_parts` splits them)."""
         self._make_room(0, steps)
         row = self.row
         members = (row["version"], row["index"], row["perturbed"])
@@ -409,12 +420,15 @@ class Lane:
             self._prepared = self._perturbation(noise, sigma, params, *members)
             self._prepared_members = tuple(m.copy() for m in members)
         self._members_changed = False
-        cur = self._cur if prefilled else self._vector("cur")
         fields = np.empty((len(DECODE_FIELDS), self.rows), np.int32)  # new each call: the call may read it later
-        for i, name in enumerate(DECODE_FIELDS):
+        for i, name in enumerate(DECODE_FIELDS[:-2]):
             fields[i] = row[name]  # lo / hi: their uint32 bits, read back as such
-        self.cache, out, self.alive = _decode(self.config, self.sampling, params, self._prepared, self.cache, cur,
-                                              fields, self.choices, self.alive, steps=steps)
+        fields[-2] = 0 if states is None else states
+        fields[-1] = row["fresh"]
+        row["fresh"][:] = False
+        self.cache, self._cur, out, self.alive = _decode(self.config, self.sampling, params, self._prepared,
+                                                         self.cache, self._cur, fields, self.choices, self.alive,
+                                                         self.turns, steps=steps)
         self.index += steps
         live = row["live"]
         np.add(row["pos"], steps, out=row["pos"], where=live)
@@ -441,16 +455,14 @@ def generate_rows(config: ModelConfig, params: Any, prompts: Sequence[Sequence[i
                for r, p in enumerate(prompts)]
     first = np.asarray(lane.prefill(params, noise, sigma, entries, steps))
     outs = [[int(t)] for t in first]
-    lane.set_next(np.arange(n), first)
     stop = set(stop_ids)
     done = [out[-1] in stop for out in outs]
     while not all(done) and min(len(o) for o, d in zip(outs, done) if not d) < max_new_tokens:
-        tokens = np.asarray(lane.decode(params, noise, sigma, steps, prefilled=False))
+        tokens = np.asarray(lane.decode(params, noise, sigma, steps))
         for r, row in enumerate(outs):
             for t in tokens[r]:
                 if done[r] or len(row) >= max_new_tokens:
                     break
                 row.append(int(t))
                 done[r] = int(t) in stop
-            lane.set_next(r, row[-1])
     return [row[:max_new_tokens] for row in outs]

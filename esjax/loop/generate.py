@@ -41,11 +41,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from esjax.agent.automaton import ACCEPT, UNKNOWN, TurnAutomaton
 from esjax.agent.buckets import next_power_of_two
-from esjax.agent.lanes import PREFILL_BUCKETS, Lane, RowState, Sampling, split_seed
+from esjax.agent.lanes import PREFILL_BUCKETS, Lane, RowState, Sampling, decoded_parts, split_seed
 from esjax.es.noise import NoiseSpec
 from esjax.loop.protocols import EnvPool, GeneratingAgent
 from esjax.loop.rollout import Episode, EpisodeKind, RolloutEngine, TickStats, restore_arguments
@@ -199,6 +200,7 @@ class GenerateEngine(RolloutEngine):
         self.turn_tokens: dict[int, TurnTokens] = {}  # version -> its lane rows' turns so far
         ids = max([model_config.vocab_size, *agent.stop_token_ids, *agent.closing_ids]) + 1
         self.automaton = TurnAutomaton(agent.automaton, agent.stop_token_ids, agent.closing_ids, ids)
+        self._turns = jnp.asarray(self.automaton.table)  # the lanes advance it on the device, beside the sampling
         self.live: dict[int, GenEpisode] = {}
 
     # ------------------------------------------------------------------------------------------- episodes
@@ -266,7 +268,8 @@ class GenerateEngine(RolloutEngine):
     def _lane(self, version: int, dtype: Any, rows: int) -> Lane:
         lane = self.lanes.get(version)
         if lane is None:
-            lane = Lane(self.model_config, next_power_of_two(max(rows, 1)), self.lane_length, dtype, self.sampling)
+            lane = Lane(self.model_config, next_power_of_two(max(rows, 1)), self.lane_length, dtype, self.sampling,
+                        self._turns)
             self.lanes[version] = lane
             self.turn_tokens[version] = TurnTokens(lane.rows, 2 * (self.max_new_tokens + self.decode_steps + 1),
                                                    self.automaton.hole)  # a hole at most per token taken
@@ -311,7 +314,7 @@ class GenerateEngine(RolloutEngine):
             sigma = float(self.sigma_at(version))
             first = lane.prefill(params, self.noise, sigma, entries, steps)
             cpu = time.thread_time()
-            out = lane.decode(params, self.noise, sigma, steps, prefilled=first is not None)
+            out = lane.decode(params, self.noise, sigma, steps, turn.state)
             stats.decode_cpu_s += time.thread_time() - cpu
             stats.model_s += time.perf_counter() - t0
             pending.append((lane, turn, starting, first, out))
@@ -348,39 +351,39 @@ class GenerateEngine(RolloutEngine):
 
     def _read_tokens(self, lane: Lane, turn: TurnTokens, starting: list[tuple[int, GenEpisode]], first: Any,
                      out: Any, stats: GenTickStats) -> tuple[list[GenEpisode], np.ndarray]:
-        """Take a lane's new tokens (the prefilled rows' first ones, then the decode steps') into its rows' turns;
-        returns the episodes whose turn ended, in env-row order (the serial tick's), and their lane rows."""
-        taking, new = lane.row["live"], to_host(out)
+        """Take a lane's new tokens (the prefilled rows' first ones, then the decode steps') and automaton states into
+        its rows' turns; returns the episodes whose turn ended, in env-row order (the serial tick's), and their lane
+        rows."""
+        fed, new, states = decoded_parts(to_host(out))
         if first is None:
-            block, prefilled = new.T, None
+            block, states, prefilled = new.T, states[:, 1:].T, None
         else:
-            slots = np.array([slot for slot, _ in starting], np.intp)
-            block, prefilled = np.empty((1 + new.shape[1], lane.rows), np.int32), np.zeros(lane.rows, bool)
-            block[0], block[1:], prefilled[slots] = self.automaton.hole, new.T, True
-            block[0, slots] = to_host(first)
-        kept, ending = self._take_block(turn, block, taking, prefilled)
+            prefilled = np.zeros(lane.rows, bool)
+            prefilled[[slot for slot, _ in starting]] = True
+            block = np.concatenate([np.where(prefilled, fed, self.automaton.hole)[:, None], new], axis=1).T
+            states = states.T
+        kept, ending = self._take_block(turn, block, states, lane.row["live"], prefilled)
         stats.useful_steps += kept - (0 if first is None else len(starting))
-        lane.set_next(taking, new[:, -1])  # the next decode step's input (rows whose turn ended are released)
         slots = ending[np.argsort(turn.env_row[ending])]
         return turn.episode[slots].tolist(), slots
 
-    def _take_block(self, turn: TurnTokens, block: np.ndarray, taking: np.ndarray,
+    def _take_block(self, turn: TurnTokens, block: np.ndarray, states: np.ndarray, taking: np.ndarray,
                     prefilled: np.ndarray | None = None) -> tuple[int, np.ndarray]:
         """Append a call's tokens ``block [steps, lane rows]`` to the turns of the lane rows ``taking`` (a mask),
-        each until its turn is over (a stop token, a complete action or ``max_new_tokens``). ``prefilled``: the
+        each until its turn is over (a stop token, a complete action or ``max_new_tokens``); ``states [steps, lane
+        rows]``: the turn automaton's state after each step (the decode program advanced it). ``prefilled``: the
         rows whose token in the block's first step is a prefill's (the others hold the automaton's hole there; None:
         no such step). Returns the tokens kept and the rows whose turn is over, ascending.
 
-        The log takes the block as one slice and the automaton its tokens with one lookup per step, for every lane
-        row at once (rows not taking hold no turn: whatever they take is never read); only the rows where an event
-        happened (:attr:`~esjax.agent.automaton.TurnAutomaton.event`) or that reached ``max_new_tokens`` are then
-        cut where their turn ends. A reply the automaton can't read (a token that is not ASCII) is asked of the
+        The log takes the block as one slice, for every lane row at once (rows not taking hold no turn: whatever
+        they take is never read); only the rows where an event happened
+        (:attr:`~esjax.agent.automaton.TurnAutomaton.event`) or that reached ``max_new_tokens`` are then cut where
+        their turn ends. A reply the automaton can't read (a token that is not ASCII) is asked of the
         agent at each closing token."""
         automaton, steps = self.automaton, len(block)
         taken = steps if prefilled is None else steps - 1 + prefilled
         turn.write(block)
-        states = automaton.advance(turn.state, block)
-        turn.state = states[-1]
+        turn.state = states[-1].copy()  # the host changes some (a reply asked of the agent goes on)
         turn.count += taken
         ending = np.flatnonzero((automaton.event.take(turn.state) | (turn.count >= self.max_new_tokens)) & taking)
         kept = (steps - (prefilled is not None)) * int(np.count_nonzero(taking))

@@ -95,8 +95,7 @@ def test_a_turn_resumed_mid_choice_continues_it_and_rows_reused_for_free_turns_a
                                                                             count=1, choices=choices))], 1)
     tokens = [int(np.asarray(first)[0])]
     for _ in range(2):
-        lane.set_next(slot, tokens[-1])
-        tokens.append(int(np.asarray(lane.decode(params, None, 0.0, 1, prefilled=False))[slot, 0]))
+        tokens.append(int(np.asarray(lane.decode(params, None, 0.0, 1))[slot, 0]))
     assert tokens == want == [51, 52, 53]
     lane.release(slot)
     slot = lane.free_row()  # the same lane row, now a free turn
@@ -104,8 +103,7 @@ def test_a_turn_resumed_mid_choice_continues_it_and_rows_reused_for_free_turns_a
     first = lane.prefill(params, None, 0.0, [(slot, prompt, RowState((0, 0, False), *split_seed(0), True))], 1)
     tokens = [int(np.asarray(first)[0])]
     for _ in range(3):
-        lane.set_next(slot, tokens[-1])
-        tokens.append(int(np.asarray(lane.decode(params, None, 0.0, 1, prefilled=False))[slot, 0]))
+        tokens.append(int(np.asarray(lane.decode(params, None, 0.0, 1))[slot, 0]))
     assert tokens == free
 
 

@@ -107,15 +107,44 @@ def test_rows_joining_at_different_steps_with_shifts(tiny):
         if first is not None:
             for (slot, _, _), token in zip(entries, np.asarray(first)):
                 out[slot] = [int(token)]
-        tokens = np.asarray(lane.decode(params, None, 0.0, 2, prefilled=first is not None))
+        tokens = np.asarray(lane.decode(params, None, 0.0, 2))
         shifts += lane.index < before + 2
         for slot in lane.live_rows().tolist():
             out[slot].extend(int(t) for t in tokens[slot])
-            lane.set_next(slot, out[slot][-1])
             if len(out[slot]) >= 12:
                 assert out[slot][:12] == want[out[(slot, "row")]]
                 lane.release(slot)
     assert shifts >= 1
+
+
+def test_lanes_advance_the_turn_automaton_as_the_host_does(tiny):
+    """With a turn automaton on the device, every decode call returns the fed token, the sampled ones and each row's
+    state after them, equal to the host's table walk from the states passed in (rows prefilled since the last call
+    first read their fed token; the others' states go on from where they were)."""
+    from esjax.agent.automaton import ActionAutomaton, TurnAutomaton
+    from esjax.agent.lanes import decoded_parts
+
+    config, params = tiny
+    rng = np.random.default_rng(0)
+    ids = config.vocab_size
+    action = ActionAutomaton(rng.integers(0, 7, (7, ids + 1)).astype(np.int32))
+    automaton = TurnAutomaton(action, stop_ids=[5], closing_ids=[9, 10], ids=ids)
+    lane = Lane(config, 4, PREFILL_BUCKETS.length(17) + 40, params["embed"]["embedding"].dtype,
+                Sampling(temperature=1.0), jax.numpy.asarray(automaton.table))
+    states = rng.integers(0, automaton.width, lane.rows).astype(np.int32)
+    for call in range(5):
+        entries = [(lane.free_row(), PROMPTS[(call + r) % 4], RowState((0, 0, False), *split_seed(call + r), False))
+                   for r in range(2 if call < 2 else 0)]
+        lane.prefill(params, None, 0.0, entries, 3)
+        fresh = np.isin(np.arange(lane.rows), [slot for slot, _, _ in entries])
+        fed, tokens, got = decoded_parts(np.asarray(lane.decode(params, None, 0.0, 3, states)))
+        block = np.concatenate([np.where(fresh, fed, automaton.hole)[:, None], tokens], axis=1).T
+        want = automaton.advance(states, block).T
+        assert (got == want).all(), call
+        if call:
+            assert (fed[~fresh] == previous[~fresh]).all()  # each row feeds its last token
+        previous, states = tokens[:, -1], got[:, -1]
+    assert len(set(got.ravel().tolist())) > 3  # the walk went through several states
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +279,7 @@ def _check_block_intake(engine, start: list[list[int]], new: np.ndarray, taking:
         turn.put(r, SimpleNamespace(tokens=tokens, row=r), engine.automaton.state_of(tokens))
     prefilled = (rng.random(len(start)) < 0.5) & taking  # as in a lane: a prefilled row is live
     block = np.concatenate([np.where(prefilled, new[:, 0], engine.automaton.hole)[None], new[:, 1:].T])
-    kept, ended = engine._take_block(turn, block, taking, prefilled)
+    kept, ended = engine._take_block(turn, block, engine.automaton.advance(turn.state, block), taking, prefilled)
     stopped = turn.state == engine.automaton.stopped
     over = (turn.complete | (turn.count >= engine.max_new_tokens) | stopped) & taking
     assert ended.tolist() == np.flatnonzero(over).tolist()
