@@ -55,7 +55,7 @@ if str(ROOT) not in sys.path:
 
 import esjax.agent.scoring as scoring  # noqa: E402
 import esjax.train.trainer as driver  # noqa: E402
-from esjax.agent.automaton import START  # noqa: E402
+from esjax.agent.automaton import START, turn_ends  # noqa: E402
 from esjax.agent.lanes import DECODE_FIELDS  # noqa: E402
 from esjax.config import load_config  # noqa: E402
 from esjax.loop.generate import GenerateEngine  # noqa: E402
@@ -214,7 +214,8 @@ class SimulatedLaneDevice(SimulatedDevice):
         self.seconds_per_step = seconds_per_step
         self.reply = reply
         self.reply_ids: np.ndarray | None = None  # the reply in the run's tokenizer, set by the engine hook
-        self.reply_states: np.ndarray | None = None  # the turn automaton's state after each token of the reply
+        self.engine: GenerateEngine | None = None  # the run's engine, set by the engine hook
+        self._decoded: dict[int, np.ndarray] = {}  # steps -> a decode call's output row by (live + fresh, count)
         self.decode_calls = self.decode_steps = self.prefill_rows = 0
         self.decode_cpu_seconds = 0.0  # the host CPU of this stand-in's decode calls (not the engine's)
 
@@ -232,20 +233,39 @@ class SimulatedLaneDevice(SimulatedDevice):
         return None, None, self._queue(tokens.shape[0] * self.seconds_per_row, self._tokens(counts)), alive
 
     def decode(self, config, sampling, params, prepared, cache, cur, fields, choices=None, alive=None, turns=None,
-               *, steps):
-        """The fed token (the last one drawn), ``steps`` new ones and, with ``turns``, the automaton's states: as
-        every turn writes the reply from its start, a row's state after ``n`` tokens is the reply's."""
+               events=None, *, steps):
+        """What the decode program returns with a turn automaton (the engine's lanes have one): as every turn writes
+        the reply from its start, a row's output depends only on whether it is live, just prefilled, and its count,
+        so it is looked up in a table made once."""
         cpu = time.thread_time()
         self.decode_calls += 1
         self.decode_steps += steps
-        counts = np.asarray(fields)[DECODE_FIELDS.index("count")][:, None] + np.arange(-1, steps)[None, :]
-        values = self._tokens(counts)
-        if turns is not None:
-            values = np.concatenate([values, self.reply_states[np.clip(counts + 1, 0, len(self.reply_states) - 1)]],
-                                    axis=1)
-        output = self._queue(steps * self.seconds_per_step, values)
+        if steps not in self._decoded:
+            self._decoded[steps] = self._decode_table(steps)
+        table = self._decoded[steps]
+        count, live, fresh = (np.asarray(fields)[DECODE_FIELDS.index(name)] for name in ("count", "live", "fresh"))
+        output = self._queue(steps * self.seconds_per_step, table[live + fresh, np.minimum(count, table.shape[1] - 1)])
         self.decode_cpu_seconds += time.thread_time() - cpu
         return cache, cur, output, alive
+
+    def _decode_table(self, steps: int) -> np.ndarray:
+        """``[3, counts, 1 + steps + 4]``: a decode call's output row of a row not live, live, just prefilled, by
+        the turn's count (:func:`esjax.agent.lanes._decode`)."""
+        engine = self.engine
+        automaton, counts = engine.automaton, engine.max_new_tokens + steps + 1
+        reply = np.resize(self.reply_ids, counts + steps).astype(np.int32)
+        walk = automaton.advance(np.array([START], np.int32), reply[:, None])[:, 0]
+        after = np.concatenate([[START], walk])  # the state after each count of tokens
+        count = np.arange(counts)
+        columns = count[:, None] + np.arange(steps + 1)
+        table = np.empty((3, counts, 1 + steps + 4), np.int32)
+        for kind in range(3):  # not live, live, just prefilled
+            fresh = np.full(counts, kind == 2)
+            table[kind, :, 0] = np.where(fresh, reply[count - 1], automaton.hole)
+            table[kind, :, 1:1 + steps] = reply[columns[:, :-1]]
+            table[kind, :, 1 + steps:] = turn_ends(after[columns], count, fresh, np.full(counts, kind > 0),
+                                                   automaton.events(engine.max_new_tokens))
+        return table
 
     def install(self) -> None:
         import esjax.agent.lanes as lanes
@@ -259,9 +279,7 @@ class SimulatedLaneDevice(SimulatedDevice):
         def hooked_init(engine, pool, agent, *args, **kwargs):
             device.reply_ids = np.asarray(agent.tokenizer.encode(device.reply, add_special_tokens=False).ids)
             init(engine, pool, agent, *args, **kwargs)
-            cycled = np.resize(device.reply_ids, engine.max_new_tokens + engine.decode_steps + 1)
-            start = np.array([START], np.int32)
-            device.reply_states = np.concatenate([start, engine.automaton.advance(start, cycled[:, None])[:, 0]])
+            device.engine, device._decoded = engine, {}
 
         lanes._prefill, lanes._decode = self.prefill, self.decode
         lanes._insert = lambda cache, k_new, v_new, mask, rows, cur, first: (cache, cur)

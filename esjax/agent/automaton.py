@@ -14,8 +14,10 @@ which name prefixes are matched so far, and whether some match is inside its arg
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 from esjax.agent.pieces import AsciiPieces
@@ -137,6 +139,9 @@ class TurnAutomaton:
         self.event = np.zeros(self.width, bool)
         self.event[[ACCEPT, self.stopped, self.unread]] = True
 
+    def events(self, max_new_tokens: int) -> TurnEvents:
+        return TurnEvents(self.stopped, self.unread, max_new_tokens)
+
     def advance(self, states: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """The states after each step of ``tokens [n, rows]`` from ``states [rows]``: ``[n, rows]``."""
         flat, at = self.table.reshape(-1), tokens * self.width
@@ -152,3 +157,42 @@ class TurnAutomaton:
         for token in tokens:
             state = int(self.table[token, state])
         return state
+
+
+#: bits of :func:`turn_ends`' ``flags``: the turn holds a complete action; it is over without one (a stop token or
+#: ``max_new_tokens``); its reply went through :attr:`TurnAutomaton.unread` before that (the agent must read it);
+#: the row is live and one of these happened (or it reached ``max_new_tokens``): the caller looks at it
+COMPLETE, OVER, ASKING, LOOK = 1, 2, 4, 8
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnEvents:
+    """What :func:`turn_ends` needs of a :class:`TurnAutomaton` and the engine (static: part of a program)."""
+
+    stopped: int
+    unread: int
+    max_new_tokens: int
+
+
+def turn_ends(states, counts, fresh, live, events: TurnEvents):
+    """Where each row's turn ends within a block of steps, as arrays (on the device, inside the decode program, or
+    on the host): ``states [rows, 1 + steps]`` the automaton's state after the block's first column (a prefill's
+    token where ``fresh``, else no token) and after each step, ``counts [rows]`` the turn's length after that first
+    column, ``live [rows]`` the rows holding a turn. Returns ``[rows, 4]`` int32: the last state, the turn's length
+    (cut where it ends: at its complete action, else where it is over; the whole block when it goes on), the
+    :data:`LOOK` ... bits and the tokens the row kept in this block."""
+    width = states.shape[1]
+    column = jnp.arange(width)
+    length = counts[:, None] + column
+    first = lambda mask: jnp.min(jnp.where(mask, column, width), axis=1)
+    over_at = jnp.minimum(first(states == events.stopped), first(length >= events.max_new_tokens))
+    accept_at = first(states == ACCEPT)
+    complete = (accept_at < width) & (accept_at <= over_at)
+    cut = counts + jnp.minimum(jnp.where(complete, accept_at, over_at), width - 1)
+    asking = ~complete & jnp.any((states == events.unread) & (column <= over_at[:, None]), axis=1)
+    last = states[:, -1]
+    look = live & ((last == ACCEPT) | (last == events.stopped) | (last == events.unread)
+                   | (length[:, -1] >= events.max_new_tokens))
+    flags = COMPLETE * complete + OVER * (over_at < width) + ASKING * asking + LOOK * look
+    kept = jnp.where(live, cut - (counts - fresh), 0)
+    return jnp.stack([last, cut, flags, kept], axis=1).astype(jnp.int32)

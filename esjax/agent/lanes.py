@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from esjax.agent.automaton import TurnEvents, turn_ends
 from esjax.agent.batching import left_pad
 from esjax.agent.buckets import Buckets, next_power_of_two
 from esjax.agent.generation import top_p_filter
@@ -185,14 +186,16 @@ def _shift(cache, shift):
 DECODE_FIELDS = ("pos", "count", "live", "greedy", "lo", "hi", "state", "fresh")
 
 
-@functools.partial(jax.jit, static_argnames=("config", "sampling", "steps"), donate_argnames=("cache", "alive"))
+@functools.partial(jax.jit, static_argnames=("config", "sampling", "events", "steps"),
+                   donate_argnames=("cache", "alive"))
 def _decode(config: ModelConfig, sampling: Sampling, params, prepared: Prepared | None, cache, cur, fields,
-            choices=None, alive=None, turns=None, *, steps: int):
+            choices=None, alive=None, turns=None, events: TurnEvents | None = None, *, steps: int):
     """``steps`` decode steps for every row, feeding ``cur [rows]`` first (``fields``: :data:`DECODE_FIELDS`);
     returns the cache, each row's last token (the next call's ``cur``), the output and the choices still alive (None
     without choices). The output is the sampled tokens ``[rows, steps]``; with a turn automaton ``turns [ids + 1,
-    states]`` (:class:`~esjax.agent.automaton.TurnAutomaton`), ``[rows, 2 + 2 * steps]``: the fed token, the
-    sampled ones, then each row's state after the fed token (advanced only where ``fresh``) and after each step."""
+    states]`` (:class:`~esjax.agent.automaton.TurnAutomaton`) and its ``events``, ``[rows, 1 + steps + 4]``: the
+    block of the call's tokens (the fed one where ``fresh``, the automaton's hole id elsewhere; then the sampled
+    ones) and where each row's turn ends in it (:func:`~esjax.agent.automaton.turn_ends`)."""
     pos, counts, active, greedy = fields[0], fields[1], fields[2] != 0, fields[3] != 0
     lo, hi = jax.lax.bitcast_convert_type(fields[4:6], jnp.uint32)
     keys = turn_keys(lo, hi)
@@ -208,18 +211,19 @@ def _decode(config: ModelConfig, sampling: Sampling, params, prepared: Prepared 
     cache, last, out, alive = jax.lax.fori_loop(0, steps, body, (cache, cur, out, alive))
     if turns is None:
         return cache, last, out, alive
-    state = jnp.where(fields[7] != 0, turns[cur, fields[6]], fields[6])
-    states = [state]
+    fresh = fields[7] != 0
+    states = [jnp.where(fresh, turns[cur, fields[6]], fields[6])]
     for i in range(steps):  # one gather per step: the automaton's table is token-major
         states.append(turns[out[:, i], states[-1]])
-    return cache, last, jnp.concatenate([cur[:, None], out, jnp.stack(states, 1).astype(jnp.int32)], 1), alive
+    fed = jnp.where(fresh, cur, turns.shape[0] - 1)
+    ends = turn_ends(jnp.stack(states, 1).astype(jnp.int32), counts, fresh, active, events)
+    return cache, last, jnp.concatenate([fed[:, None], out, ends], 1), alive
 
 
-def decoded_parts(out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A decode call's output with a turn automaton (read to the host) as the fed tokens ``[rows]``, the sampled
-    ones ``[rows, steps]`` and the states ``[rows, 1 + steps]`` (see :func:`_decode`)."""
-    steps = (out.shape[1] - 2) // 2
-    return out[:, 0], out[:, 1:1 + steps], out[:, 1 + steps:]
+def decoded_parts(out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A decode call's output with a turn automaton (read to the host) as its block of tokens ``[rows, 1 + steps]``
+    and where the turns end ``[rows, 4]`` (see :func:`_decode`)."""
+    return out[:, :-4], out[:, -4:]
 
 
 # ------------------------------------------------------------------------------------------------- the lane
@@ -243,8 +247,9 @@ class Lane:
     device holds the cache and each row's next token to feed (its last one drawn), everything else a decode step
     needs is passed in per call. Rows not live hold position 0, count 0, seed 0, greedy and no member.
 
-    ``turns``: a :class:`~esjax.agent.automaton.TurnAutomaton` table on the device; with it each decode call also
-    advances the rows' automaton states (see :func:`_decode`), so the host reads a call's tokens and states at once.
+    ``turns``: a :class:`~esjax.agent.automaton.TurnAutomaton` table on the device, and its ``events``; with them
+    each decode call also advances the rows' automaton states and finds where their turns end (see :func:`_decode`),
+    so the host reads a call's tokens and turn ends at once.
     """
 
     #: per-row host fields and their dtypes (``greedy`` is True for rows not live; ``reserved``: handed out by
@@ -254,12 +259,12 @@ class Lane:
                "perturbed": bool}
 
     def __init__(self, config: ModelConfig, rows: int, length: int, dtype: Any, sampling: Sampling,
-                 turns: jax.Array | None = None):
+                 turns: jax.Array | None = None, events: TurnEvents | None = None):
         self.config = config
         self.length = length
         self.dtype = dtype
         self.sampling = sampling
-        self.turns = turns
+        self.turns, self.events = turns, events
         self.cache = init_cache(config, rows, length, dtype)
         self.index = 0  # the host's copy of cache['index']
         self.row = {name: self._blank(name, rows) for name in self._FIELDS}
@@ -410,8 +415,8 @@ class Lane:
 
     def decode(self, params: Any, noise, sigma: float, steps: int, states: np.ndarray | None = None) -> jax.Array:
         """``steps`` decode steps for every live row; returns the tokens ``[rows, steps]`` (device, not yet read), or
-        with :attr:`turns` the fed and sampled tokens and the automaton states from ``states [rows]`` (the rows'
-        states before the call; :func:`decoded_parts` splits them)."""
+        with :attr:`turns` the call's block of tokens and where the turns end, from the automaton ``states [rows]``
+        before the call (:func:`decoded_parts` splits them)."""
         self._make_room(0, steps)
         row = self.row
         members = (row["version"], row["index"], row["perturbed"])
@@ -428,7 +433,7 @@ class Lane:
         row["fresh"][:] = False
         self.cache, self._cur, out, self.alive = _decode(self.config, self.sampling, params, self._prepared,
                                                          self.cache, self._cur, fields, self.choices, self.alive,
-                                                         self.turns, steps=steps)
+                                                         self.turns, self.events, steps=steps)
         self.index += steps
         live = row["live"]
         np.add(row["pos"], steps, out=row["pos"], where=live)

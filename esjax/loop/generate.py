@@ -44,7 +44,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from esjax.agent.automaton import ACCEPT, UNKNOWN, TurnAutomaton
+from esjax.agent.automaton import ASKING, COMPLETE, LOOK, OVER, UNKNOWN, TurnAutomaton
 from esjax.agent.buckets import next_power_of_two
 from esjax.agent.lanes import PREFILL_BUCKETS, Lane, RowState, Sampling, decoded_parts, split_seed
 from esjax.es.noise import NoiseSpec
@@ -149,11 +149,6 @@ class TurnTokens:
             for turn, complete in zip(turns, self.complete[rows].tolist()):
                 turn.extend([-1] * complete)
         return turns
-
-
-def _first(mask: np.ndarray) -> np.ndarray:
-    """Per column of ``mask [steps, rows]``: the index of its first True, ``steps`` when none."""
-    return np.where(mask, np.arange(len(mask))[:, None], len(mask)).min(axis=0)
 
 
 def turn_seed(sampling_seed: int, position: int, turn: int) -> int:
@@ -269,7 +264,7 @@ class GenerateEngine(RolloutEngine):
         lane = self.lanes.get(version)
         if lane is None:
             lane = Lane(self.model_config, next_power_of_two(max(rows, 1)), self.lane_length, dtype, self.sampling,
-                        self._turns)
+                        self._turns, self.automaton.events(self.max_new_tokens))
             self.lanes[version] = lane
             self.turn_tokens[version] = TurnTokens(lane.rows, 2 * (self.max_new_tokens + self.decode_steps + 1),
                                                    self.automaton.hole)  # a hole at most per token taken
@@ -351,67 +346,45 @@ class GenerateEngine(RolloutEngine):
 
     def _read_tokens(self, lane: Lane, turn: TurnTokens, starting: list[tuple[int, GenEpisode]], first: Any,
                      out: Any, stats: GenTickStats) -> tuple[list[GenEpisode], np.ndarray]:
-        """Take a lane's new tokens (the prefilled rows' first ones, then the decode steps') and automaton states into
-        its rows' turns; returns the episodes whose turn ended, in env-row order (the serial tick's), and their lane
-        rows."""
-        fed, new, states = decoded_parts(to_host(out))
-        if first is None:
-            block, states, prefilled = new.T, states[:, 1:].T, None
-        else:
-            prefilled = np.zeros(lane.rows, bool)
-            prefilled[[slot for slot, _ in starting]] = True
-            block = np.concatenate([np.where(prefilled, fed, self.automaton.hole)[:, None], new], axis=1).T
-            states = states.T
-        kept, ending = self._take_block(turn, block, states, lane.row["live"], prefilled)
+        """Take a lane's new tokens (the prefilled rows' first ones, then the decode steps') into its rows' turns,
+        with where the decode program found them to end; returns the episodes whose turn ended, in env-row order
+        (the serial tick's), and their lane rows."""
+        block, ends = decoded_parts(to_host(out))
+        kept, ending = self._take_block(turn, block.T if first is not None else block[:, 1:].T, ends)
         stats.useful_steps += kept - (0 if first is None else len(starting))
         slots = ending[np.argsort(turn.env_row[ending])]
         return turn.episode[slots].tolist(), slots
 
-    def _take_block(self, turn: TurnTokens, block: np.ndarray, states: np.ndarray, taking: np.ndarray,
-                    prefilled: np.ndarray | None = None) -> tuple[int, np.ndarray]:
-        """Append a call's tokens ``block [steps, lane rows]`` to the turns of the lane rows ``taking`` (a mask),
-        each until its turn is over (a stop token, a complete action or ``max_new_tokens``); ``states [steps, lane
-        rows]``: the turn automaton's state after each step (the decode program advanced it). ``prefilled``: the
-        rows whose token in the block's first step is a prefill's (the others hold the automaton's hole there; None:
-        no such step). Returns the tokens kept and the rows whose turn is over, ascending.
+    def _take_block(self, turn: TurnTokens, block: np.ndarray, ends: np.ndarray) -> tuple[int, np.ndarray]:
+        """Append a call's tokens ``block [steps, lane rows]`` (the automaton's hole where a row took none) to the
+        lane rows' turns, each until its turn is over (a stop token, a complete action or ``max_new_tokens``), as
+        ``ends`` says (:func:`~esjax.agent.automaton.turn_ends` over the block: the decode program's). Returns the
+        tokens kept and the rows whose turn is over, ascending.
 
-        The log takes the block as one slice, for every lane row at once (rows not taking hold no turn: whatever
-        they take is never read); only the rows where an event happened
-        (:attr:`~esjax.agent.automaton.TurnAutomaton.event`) or that reached ``max_new_tokens`` are then cut where
-        their turn ends. A reply the automaton can't read (a token that is not ASCII) is asked of the
-        agent at each closing token."""
-        automaton, steps = self.automaton, len(block)
-        taken = steps if prefilled is None else steps - 1 + prefilled
+        The log takes the block as one slice and the turns their states and lengths as three, for every lane row at
+        once (rows not live hold no turn: whatever they take is never read); only the rows :data:`LOOK` marks are
+        then looked at. A reply the automaton can't read (a token that is not ASCII) is asked of the agent at each
+        closing token."""
         turn.write(block)
-        turn.state = states[-1].copy()  # the host changes some (a reply asked of the agent goes on)
-        turn.count += taken
-        ending = np.flatnonzero((automaton.event.take(turn.state) | (turn.count >= self.max_new_tokens)) & taking)
-        kept = (steps - (prefilled is not None)) * int(np.count_nonzero(taking))
-        if prefilled is not None:
-            kept += int(np.count_nonzero(prefilled))  # prefilled rows are live
-        if not len(ending):
-            return kept, ending
-        states = states[:, ending]
-        before = turn.count[ending] - (taken if prefilled is None else taken[ending])
-        held = before + np.cumsum(block[:, ending] != automaton.hole, axis=0)  # the turn's length after each step
-        # the step each turn is over at (a stop token or max_new_tokens; ``steps``: none) and where an action completes
-        over_at = np.minimum(_first(states == automaton.stopped), _first(held >= self.max_new_tokens))
-        accept_at = _first(states == ACCEPT)
-        complete = (accept_at < steps) & (accept_at <= over_at)
-        counts = held[np.minimum(np.where(complete, accept_at, over_at), steps - 1), np.arange(len(ending))]
-        asking = np.flatnonzero(~complete & np.logical_or.reduce(
-            (states == automaton.unread) & (np.arange(steps)[:, None] <= over_at), axis=0))
+        before = turn.count
+        turn.state, turn.count = ends[:, 0].copy(), ends[:, 1].astype(np.int64)  # the host changes some below
+        kept = int(ends[:, 3].sum())
+        looking = np.flatnonzero(ends[:, 2] >= LOOK)
+        if not len(looking):
+            return kept, looking
+        flags = ends[looking, 2]
+        complete, asking = (flags & COMPLETE) != 0, np.flatnonzero(flags & ASKING)
         if len(asking):
-            turn.count[ending[asking]] = counts[asking]
-            lengths = self.agent.action_lengths(turn.replies(ending[asking]), before[asking].tolist())
+            rows = looking[asking]
+            lengths = self.agent.action_lengths(turn.replies(rows), before[rows].tolist())
             found = lengths > 0
             complete[asking[found]] = True
-            counts[asking[found]] = lengths[found]
-        turn.count[ending] = counts
-        turn.complete[ending] = complete
-        turn.state[ending[~complete & (turn.state[ending] == automaton.unread)]] = UNKNOWN  # asked: it goes on
-        kept -= int(np.sum(held[-1] - counts))  # what the cut turns took past their end
-        return kept, ending[complete | (over_at < steps)]
+            kept += int(np.sum(lengths[found] - turn.count[rows[found]]))
+            turn.count[rows[found]] = lengths[found]
+        turn.complete[looking] = complete
+        unread = looking[~complete & (turn.state[looking] == self.automaton.unread)]
+        turn.state[unread] = UNKNOWN  # asked: it goes on
+        return kept, looking[complete | ((flags & OVER) != 0)]
 
     def _end_turns(self, lane: Lane, turn: TurnTokens, ended: list[GenEpisode], slots: np.ndarray,
                    stats: GenTickStats) -> list[tuple[GenEpisode, list[int]]]:

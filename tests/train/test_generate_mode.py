@@ -117,11 +117,11 @@ def test_rows_joining_at_different_steps_with_shifts(tiny):
     assert shifts >= 1
 
 
-def test_lanes_advance_the_turn_automaton_as_the_host_does(tiny):
-    """With a turn automaton on the device, every decode call returns the fed token, the sampled ones and each row's
-    state after them, equal to the host's table walk from the states passed in (rows prefilled since the last call
-    first read their fed token; the others' states go on from where they were)."""
-    from esjax.agent.automaton import ActionAutomaton, TurnAutomaton
+def test_lanes_find_turn_ends_as_the_host_does(tiny):
+    """With a turn automaton on the device, every decode call returns its block of tokens (the fed one where the row
+    was just prefilled, the hole elsewhere; then the sampled ones) and where each turn ends in it, equal to the
+    host's table walk from the states passed in and :func:`turn_ends` over it on the host."""
+    from esjax.agent.automaton import LOOK, ActionAutomaton, TurnAutomaton, turn_ends
     from esjax.agent.lanes import decoded_parts
 
     config, params = tiny
@@ -129,22 +129,25 @@ def test_lanes_advance_the_turn_automaton_as_the_host_does(tiny):
     ids = config.vocab_size
     action = ActionAutomaton(rng.integers(0, 7, (7, ids + 1)).astype(np.int32))
     automaton = TurnAutomaton(action, stop_ids=[5], closing_ids=[9, 10], ids=ids)
+    events = automaton.events(max_new_tokens=9)
     lane = Lane(config, 4, PREFILL_BUCKETS.length(17) + 40, params["embed"]["embedding"].dtype,
-                Sampling(temperature=1.0), jax.numpy.asarray(automaton.table))
+                Sampling(temperature=1.0), jax.numpy.asarray(automaton.table), events)
     states = rng.integers(0, automaton.width, lane.rows).astype(np.int32)
-    for call in range(5):
-        entries = [(lane.free_row(), PROMPTS[(call + r) % 4], RowState((0, 0, False), *split_seed(call + r), False))
-                   for r in range(2 if call < 2 else 0)]
+    looked = 0
+    for call in range(6):
+        entries = [(lane.free_row(), PROMPTS[(call + r) % 4], RowState((0, 0, False), *split_seed(call + r), False,
+                                                                        count=r)) for r in range(2 if call < 2 else 0)]
         lane.prefill(params, None, 0.0, entries, 3)
         fresh = np.isin(np.arange(lane.rows), [slot for slot, _, _ in entries])
-        fed, tokens, got = decoded_parts(np.asarray(lane.decode(params, None, 0.0, 3, states)))
-        block = np.concatenate([np.where(fresh, fed, automaton.hole)[:, None], tokens], axis=1).T
-        want = automaton.advance(states, block).T
-        assert (got == want).all(), call
-        if call:
-            assert (fed[~fresh] == previous[~fresh]).all()  # each row feeds its last token
-        previous, states = tokens[:, -1], got[:, -1]
-    assert len(set(got.ravel().tolist())) > 3  # the walk went through several states
+        counts = lane.row["count"].copy()
+        block, ends = decoded_parts(np.asarray(lane.decode(params, None, 0.0, 3, states)))
+        assert (block[~fresh, 0] == automaton.hole).all()
+        walk = automaton.advance(states, block.T).T
+        want = np.asarray(turn_ends(walk, counts, fresh, lane.row["live"], events))
+        assert (ends == want).all(), call
+        looked += int(np.count_nonzero(ends[:, 2] >= LOOK))
+        states = ends[:, 0]
+    assert looked and len(set(walk.ravel().tolist())) > 3  # turns ended, the walk went through several states
 
 
 @pytest.fixture(scope="module")
@@ -272,6 +275,7 @@ def _check_block_intake(engine, start: list[list[int]], new: np.ndarray, taking:
     """Take block ``new [rows, n]`` into the turns holding ``start`` of the rows ``taking``, half of them (at
     random) first taking a prefill's token (the block's first token, a hole in the others' first step); assert
     every such row ends with what per-token intake gives, and return how many turns ended which way."""
+    from esjax.agent.automaton import turn_ends
     from esjax.loop.generate import TurnTokens
 
     turn = TurnTokens(len(start), 2 * (engine.max_new_tokens + new.shape[1] + 1), engine.automaton.hole)
@@ -279,7 +283,9 @@ def _check_block_intake(engine, start: list[list[int]], new: np.ndarray, taking:
         turn.put(r, SimpleNamespace(tokens=tokens, row=r), engine.automaton.state_of(tokens))
     prefilled = (rng.random(len(start)) < 0.5) & taking  # as in a lane: a prefilled row is live
     block = np.concatenate([np.where(prefilled, new[:, 0], engine.automaton.hole)[None], new[:, 1:].T])
-    kept, ended = engine._take_block(turn, block, engine.automaton.advance(turn.state, block), taking, prefilled)
+    states = engine.automaton.advance(turn.state, block).T  # as the decode program walks it
+    ends = turn_ends(states, turn.count + prefilled, prefilled, taking, engine.automaton.events(engine.max_new_tokens))
+    kept, ended = engine._take_block(turn, block, np.asarray(ends))
     stopped = turn.state == engine.automaton.stopped
     over = (turn.complete | (turn.count >= engine.max_new_tokens) | stopped) & taking
     assert ended.tolist() == np.flatnonzero(over).tolist()
