@@ -215,7 +215,7 @@ class SimulatedLaneDevice(SimulatedDevice):
         self.reply = reply
         self.reply_ids: np.ndarray | None = None  # the reply in the run's tokenizer, set by the engine hook
         self.engine: GenerateEngine | None = None  # the run's engine, set by the engine hook
-        self._decoded: dict[int, np.ndarray] = {}  # steps -> a decode call's output row by (live + fresh, count)
+        self._decoded: dict[tuple[int, int], np.ndarray] = {}  # a decode call's output by (live + fresh, count)
         self.decode_calls = self.decode_steps = self.prefill_rows = 0
         self.decode_cpu_seconds = 0.0  # the host CPU of this stand-in's decode calls (not the engine's)
 
@@ -240,17 +240,20 @@ class SimulatedLaneDevice(SimulatedDevice):
         cpu = time.thread_time()
         self.decode_calls += 1
         self.decode_steps += steps
-        if steps not in self._decoded:
-            self._decoded[steps] = self._decode_table(steps)
-        table = self._decoded[steps]
+        key = (steps, self.engine.max_new_tokens)  # every engine of a run has the same agent (automaton)
+        if key not in self._decoded:
+            self._decoded[key] = self._decode_table(steps)
+        table = self._decoded[key]
+        counts = table.shape[1] // 3
         count, live, fresh = (np.asarray(fields)[DECODE_FIELDS.index(name)] for name in ("count", "live", "fresh"))
-        output = self._queue(steps * self.seconds_per_step, table[live + fresh, np.minimum(count, table.shape[1] - 1)])
+        column = (live + fresh) * counts + np.minimum(count, counts - 1)
+        output = self._queue(steps * self.seconds_per_step, table[:, column])
         self.decode_cpu_seconds += time.thread_time() - cpu
         return cache, cur, output, alive
 
     def _decode_table(self, steps: int) -> np.ndarray:
-        """``[3, counts, 1 + steps + 4]``: a decode call's output row of a row not live, live, just prefilled, by
-        the turn's count (:func:`esjax.agent.lanes._decode`)."""
+        """``[1 + steps + 4, 3 * counts]``: a decode call's output column of a row not live, live, just prefilled,
+        by the turn's count (:func:`esjax.agent.lanes._decode`)."""
         engine = self.engine
         automaton, counts = engine.automaton, engine.max_new_tokens + steps + 1
         reply = np.resize(self.reply_ids, counts + steps).astype(np.int32)
@@ -258,14 +261,14 @@ class SimulatedLaneDevice(SimulatedDevice):
         after = np.concatenate([[START], walk])  # the state after each count of tokens
         count = np.arange(counts)
         columns = count[:, None] + np.arange(steps + 1)
-        table = np.empty((3, counts, 1 + steps + 4), np.int32)
+        table = np.empty((1 + steps + 4, 3, counts), np.int32)
         for kind in range(3):  # not live, live, just prefilled
             fresh = np.full(counts, kind == 2)
-            table[kind, :, 0] = np.where(fresh, reply[count - 1], automaton.hole)
-            table[kind, :, 1:1 + steps] = reply[columns[:, :-1]]
-            table[kind, :, 1 + steps:] = turn_ends(after[columns], count, fresh, np.full(counts, kind > 0),
-                                                   automaton.events(engine.max_new_tokens))
-        return table
+            table[0, kind] = np.where(fresh, reply[count - 1], automaton.hole)
+            table[1:1 + steps, kind] = reply[columns[:, :-1]].T
+            table[1 + steps:, kind] = turn_ends(after[columns], count, fresh, np.full(counts, kind > 0),
+                                                automaton.events(engine.max_new_tokens))
+        return table.reshape(len(table), -1)
 
     def install(self) -> None:
         import esjax.agent.lanes as lanes
@@ -279,7 +282,7 @@ class SimulatedLaneDevice(SimulatedDevice):
         def hooked_init(engine, pool, agent, *args, **kwargs):
             device.reply_ids = np.asarray(agent.tokenizer.encode(device.reply, add_special_tokens=False).ids)
             init(engine, pool, agent, *args, **kwargs)
-            device.engine, device._decoded = engine, {}
+            device.engine = engine
 
         lanes._prefill, lanes._decode = self.prefill, self.decode
         lanes._insert = lambda cache, k_new, v_new, mask, rows, cur, first: (cache, cur)

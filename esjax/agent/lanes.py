@@ -193,9 +193,10 @@ def _decode(config: ModelConfig, sampling: Sampling, params, prepared: Prepared 
     """``steps`` decode steps for every row, feeding ``cur [rows]`` first (``fields``: :data:`DECODE_FIELDS`);
     returns the cache, each row's last token (the next call's ``cur``), the output and the choices still alive (None
     without choices). The output is the sampled tokens ``[rows, steps]``; with a turn automaton ``turns [ids + 1,
-    states]`` (:class:`~esjax.agent.automaton.TurnAutomaton`) and its ``events``, ``[rows, 1 + steps + 4]``: the
-    block of the call's tokens (the fed one where ``fresh``, the automaton's hole id elsewhere; then the sampled
-    ones) and where each row's turn ends in it (:func:`~esjax.agent.automaton.turn_ends`)."""
+    states]`` (:class:`~esjax.agent.automaton.TurnAutomaton`) and its ``events``, ``[1 + steps + 4, rows]``
+    (step-major, as the host's turn log): the block of the call's tokens (the fed one where ``fresh``, the
+    automaton's hole id elsewhere; then the sampled ones) and where each row's turn ends in it
+    (:func:`~esjax.agent.automaton.turn_ends`)."""
     pos, counts, active, greedy = fields[0], fields[1], fields[2] != 0, fields[3] != 0
     lo, hi = jax.lax.bitcast_convert_type(fields[4:6], jnp.uint32)
     keys = turn_keys(lo, hi)
@@ -217,13 +218,13 @@ def _decode(config: ModelConfig, sampling: Sampling, params, prepared: Prepared 
         states.append(turns[out[:, i], states[-1]])
     fed = jnp.where(fresh, cur, turns.shape[0] - 1)
     ends = turn_ends(jnp.stack(states, 1).astype(jnp.int32), counts, fresh, active, events)
-    return cache, last, jnp.concatenate([fed[:, None], out, ends], 1), alive
+    return cache, last, jnp.concatenate([fed[None], out.T, ends]), alive
 
 
 def decoded_parts(out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A decode call's output with a turn automaton (read to the host) as its block of tokens ``[rows, 1 + steps]``
-    and where the turns end ``[rows, 4]`` (see :func:`_decode`)."""
-    return out[:, :-4], out[:, -4:]
+    """A decode call's output with a turn automaton (read to the host) as its block of tokens ``[1 + steps, rows]``
+    and where the turns end ``[4, rows]`` (see :func:`_decode`)."""
+    return out[:-4], out[-4:]
 
 
 # ------------------------------------------------------------------------------------------------- the lane

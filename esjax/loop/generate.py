@@ -350,7 +350,7 @@ class GenerateEngine(RolloutEngine):
         with where the decode program found them to end; returns the episodes whose turn ended, in env-row order
         (the serial tick's), and their lane rows."""
         block, ends = decoded_parts(to_host(out))
-        kept, ending = self._take_block(turn, block.T if first is not None else block[:, 1:].T, ends)
+        kept, ending = self._take_block(turn, block if first is not None else block[1:], ends)
         stats.useful_steps += kept - (0 if first is None else len(starting))
         slots = ending[np.argsort(turn.env_row[ending])]
         return turn.episode[slots].tolist(), slots
@@ -358,8 +358,8 @@ class GenerateEngine(RolloutEngine):
     def _take_block(self, turn: TurnTokens, block: np.ndarray, ends: np.ndarray) -> tuple[int, np.ndarray]:
         """Append a call's tokens ``block [steps, lane rows]`` (the automaton's hole where a row took none) to the
         lane rows' turns, each until its turn is over (a stop token, a complete action or ``max_new_tokens``), as
-        ``ends`` says (:func:`~esjax.agent.automaton.turn_ends` over the block: the decode program's). Returns the
-        tokens kept and the rows whose turn is over, ascending.
+        ``ends [4, lane rows]`` says (:func:`~esjax.agent.automaton.turn_ends` over the block: the decode
+        program's). Returns the tokens kept and the rows whose turn is over, ascending.
 
         The log takes the block as one slice and the turns their states and lengths as three, for every lane row at
         once (rows not live hold no turn: whatever they take is never read); only the rows :data:`LOOK` marks are
@@ -367,12 +367,12 @@ class GenerateEngine(RolloutEngine):
         closing token."""
         turn.write(block)
         before = turn.count
-        turn.state, turn.count = ends[:, 0].copy(), ends[:, 1].astype(np.int64)  # the host changes some below
-        kept = int(ends[:, 3].sum())
-        looking = np.flatnonzero(ends[:, 2] >= LOOK)
+        turn.state, turn.count = ends[0].copy(), ends[1].astype(np.int64)  # the host changes some below
+        kept = int(ends[3].sum())
+        looking = np.flatnonzero(ends[2] >= LOOK)
         if not len(looking):
             return kept, looking
-        flags = ends[looking, 2]
+        flags = ends[2, looking]
         complete, asking = (flags & COMPLETE) != 0, np.flatnonzero(flags & ASKING)
         if len(asking):
             rows = looking[asking]

@@ -141,12 +141,12 @@ def test_lanes_find_turn_ends_as_the_host_does(tiny):
         fresh = np.isin(np.arange(lane.rows), [slot for slot, _, _ in entries])
         counts = lane.row["count"].copy()
         block, ends = decoded_parts(np.asarray(lane.decode(params, None, 0.0, 3, states)))
-        assert (block[~fresh, 0] == automaton.hole).all()
-        walk = automaton.advance(states, block.T).T
+        assert (block[0, ~fresh] == automaton.hole).all()
+        walk = automaton.advance(states, block).T
         want = np.asarray(turn_ends(walk, counts, fresh, lane.row["live"], events))
         assert (ends == want).all(), call
-        looked += int(np.count_nonzero(ends[:, 2] >= LOOK))
-        states = ends[:, 0]
+        looked += int(np.count_nonzero(ends[2] >= LOOK))
+        states = ends[0]
     assert looked and len(set(walk.ravel().tolist())) > 3  # turns ended, the walk went through several states
 
 
