@@ -252,7 +252,7 @@ class SimulatedLaneDevice(SimulatedDevice):
         return cache, cur, output, alive
 
     def _decode_table(self, steps: int) -> np.ndarray:
-        """``[1 + steps + 4, 3 * counts]``: a decode call's output column of a row not live, live, just prefilled,
+        """``[1 + steps + 3, 3 * counts]``: a decode call's output column of a row not live, live, just prefilled,
         by the turn's count (:func:`esjax.agent.lanes._decode`)."""
         engine = self.engine
         automaton, counts = engine.automaton, engine.max_new_tokens + steps + 1
@@ -261,12 +261,12 @@ class SimulatedLaneDevice(SimulatedDevice):
         after = np.concatenate([[START], walk])  # the state after each count of tokens
         count = np.arange(counts)
         columns = count[:, None] + np.arange(steps + 1)
-        table = np.empty((1 + steps + 4, 3, counts), np.int32)
+        table = np.empty((1 + steps + 3, 3, counts), np.int32)
         for kind in range(3):  # not live, live, just prefilled
             fresh = np.full(counts, kind == 2)
             table[0, kind] = np.where(fresh, reply[count - 1], automaton.hole)
             table[1:1 + steps, kind] = reply[columns[:, :-1]].T
-            table[1 + steps:, kind] = turn_ends(after[columns], count, fresh, np.full(counts, kind > 0),
+            table[1 + steps:, kind] = turn_ends(after[columns], count, np.full(counts, kind > 0),
                                                 automaton.events(engine.max_new_tokens))
         return table.reshape(len(table), -1)
 

@@ -174,14 +174,13 @@ class TurnEvents:
     max_new_tokens: int
 
 
-def turn_ends(states, counts, fresh, live, events: TurnEvents):
+def turn_ends(states, counts, live, events: TurnEvents):
     """Where each row's turn ends within a block of steps, as arrays (on the device, inside the decode program, or
     on the host): ``states [rows, 1 + steps]`` the automaton's state after the block's first column (a prefill's
-    token where ``fresh``, else no token) and after each step, ``counts [rows]`` the turn's length after that first
-    column, ``live [rows]`` the rows holding a turn. Returns ``[4, rows]`` int32: the last state, the turn's length
-    (cut where it ends: at its complete action, else where it is over; the whole block when it goes on), the
-    :data:`LOOK` ... bits and the tokens the row kept in this block (field-major: the host reads each as one
-    contiguous row)."""
+    token, or none) and after each step, ``counts [rows]`` the turn's length after that first
+    column, ``live [rows]`` the rows holding a turn. Returns ``[3, rows]`` int32: the last state, the turn's length
+    (cut where it ends: at its complete action, else where it is over; the whole block when it goes on) and the
+    :data:`LOOK` ... bits (field-major: the host reads each as one contiguous row)."""
     width = states.shape[1]
     column = jnp.arange(width)
     length = counts[:, None] + column
@@ -195,5 +194,4 @@ def turn_ends(states, counts, fresh, live, events: TurnEvents):
     look = live & ((last == ACCEPT) | (last == events.stopped) | (last == events.unread)
                    | (length[:, -1] >= events.max_new_tokens))
     flags = COMPLETE * complete + OVER * (over_at < width) + ASKING * asking + LOOK * look
-    kept = jnp.where(live, cut - (counts - fresh), 0)
-    return jnp.stack([last, cut, flags, kept]).astype(jnp.int32)
+    return jnp.stack([last, cut, flags]).astype(jnp.int32)

@@ -181,9 +181,9 @@ def _shift(cache, shift):
 
 
 #: the per-row fields a decode step reads, packed into one int32 array ``[fields, rows]`` per call (one transfer):
-#: ``state`` a row's turn-automaton state before the call, ``fresh`` whether its fed token is a prefill's (not yet
-#: read by the automaton)
-DECODE_FIELDS = ("pos", "count", "live", "greedy", "lo", "hi", "state", "fresh")
+#: ``fresh`` whether a row's fed token is a prefill's (not yet read by the automaton), ``state`` its turn-automaton
+#: state before the call. The lane keeps the first four in one int32 array (lo / hi as their bits).
+DECODE_FIELDS = ("pos", "count", "lo", "hi", "live", "greedy", "fresh", "state")
 
 
 @functools.partial(jax.jit, static_argnames=("config", "sampling", "events", "steps"),
@@ -193,12 +193,12 @@ def _decode(config: ModelConfig, sampling: Sampling, params, prepared: Prepared 
     """``steps`` decode steps for every row, feeding ``cur [rows]`` first (``fields``: :data:`DECODE_FIELDS`);
     returns the cache, each row's last token (the next call's ``cur``), the output and the choices still alive (None
     without choices). The output is the sampled tokens ``[rows, steps]``; with a turn automaton ``turns [ids + 1,
-    states]`` (:class:`~esjax.agent.automaton.TurnAutomaton`) and its ``events``, ``[1 + steps + 4, rows]``
+    states]`` (:class:`~esjax.agent.automaton.TurnAutomaton`) and its ``events``, ``[1 + steps + 3, rows]``
     (step-major, as the host's turn log): the block of the call's tokens (the fed one where ``fresh``, the
     automaton's hole id elsewhere; then the sampled ones) and where each row's turn ends in it
     (:func:`~esjax.agent.automaton.turn_ends`)."""
-    pos, counts, active, greedy = fields[0], fields[1], fields[2] != 0, fields[3] != 0
-    lo, hi = jax.lax.bitcast_convert_type(fields[4:6], jnp.uint32)
+    pos, counts, active, greedy = fields[0], fields[1], fields[4] != 0, fields[5] != 0
+    lo, hi = jax.lax.bitcast_convert_type(fields[2:4], jnp.uint32)
     keys = turn_keys(lo, hi)
     mask = active[:, None]
 
@@ -212,19 +212,19 @@ def _decode(config: ModelConfig, sampling: Sampling, params, prepared: Prepared 
     cache, last, out, alive = jax.lax.fori_loop(0, steps, body, (cache, cur, out, alive))
     if turns is None:
         return cache, last, out, alive
-    fresh = fields[7] != 0
-    states = [jnp.where(fresh, turns[cur, fields[6]], fields[6])]
+    fresh = fields[6] != 0
+    states = [jnp.where(fresh, turns[cur, fields[7]], fields[7])]
     for i in range(steps):  # one gather per step: the automaton's table is token-major
         states.append(turns[out[:, i], states[-1]])
     fed = jnp.where(fresh, cur, turns.shape[0] - 1)
-    ends = turn_ends(jnp.stack(states, 1).astype(jnp.int32), counts, fresh, active, events)
+    ends = turn_ends(jnp.stack(states, 1).astype(jnp.int32), counts, active, events)
     return cache, last, jnp.concatenate([fed[None], out.T, ends]), alive
 
 
 def decoded_parts(out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A decode call's output with a turn automaton (read to the host) as its block of tokens ``[1 + steps, rows]``
-    and where the turns end ``[4, rows]`` (see :func:`_decode`)."""
-    return out[:-4], out[-4:]
+    and where the turns end ``[3, rows]`` (see :func:`_decode`)."""
+    return out[:-3], out[-3:]
 
 
 # ------------------------------------------------------------------------------------------------- the lane
@@ -268,7 +268,7 @@ class Lane:
         self.turns, self.events = turns, events
         self.cache = init_cache(config, rows, length, dtype)
         self.index = 0  # the host's copy of cache['index']
-        self.row = {name: self._blank(name, rows) for name in self._FIELDS}
+        self.row = self._rows({name: self._blank(name, rows) for name in self._FIELDS})
         self._prepared_members: tuple[np.ndarray, ...] | None = None
         self._members_changed = True  # a row's member may differ from those of ``_prepared``
         self._prepared: Prepared | None = None
@@ -279,6 +279,13 @@ class Lane:
 
     def _blank(self, name: str, rows: int) -> np.ndarray:
         return np.full(rows, name == "greedy", self._FIELDS[name])
+
+    def _rows(self, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The per-row fields, the first four of :data:`DECODE_FIELDS` as views of one int32 array (``_packed``: a
+        decode call copies them at once)."""
+        self._packed = np.stack([values[name].view(np.int32) for name in DECODE_FIELDS[:4]])
+        return {**values, **{name: self._packed[i].view(self._FIELDS[name]) for i, name in
+                             enumerate(DECODE_FIELDS[:4])}}
 
     @property
     def rows(self) -> int:
@@ -301,7 +308,8 @@ class Lane:
             self.cache = {"k": grow(self.cache["k"], 1), "v": grow(self.cache["v"], 1),
                           "valid": grow(self.cache["valid"], 0), "index": self.cache["index"]}
             self._cur = grow(self._cur, 0)
-            self.row = {name: np.concatenate([values, self._blank(name, old)]) for name, values in self.row.items()}
+            self.row = self._rows({name: np.concatenate([values, self._blank(name, old)])
+                                   for name, values in self.row.items()})
             self._prepared_members = None
             self._members_changed = True
             if self.choices is not None:
@@ -427,18 +435,16 @@ class Lane:
             self._prepared_members = tuple(m.copy() for m in members)
         self._members_changed = False
         fields = np.empty((len(DECODE_FIELDS), self.rows), np.int32)  # new each call: the call may read it later
-        for i, name in enumerate(DECODE_FIELDS[:-2]):
-            fields[i] = row[name]  # lo / hi: their uint32 bits, read back as such
-        fields[-2] = 0 if states is None else states
-        fields[-1] = row["fresh"]
+        fields[:4] = self._packed
+        for i, name in enumerate(("live", "greedy", "fresh"), start=4):
+            fields[i] = row[name]
+        fields[7] = 0 if states is None else states
         row["fresh"][:] = False
         self.cache, self._cur, out, self.alive = _decode(self.config, self.sampling, params, self._prepared,
                                                          self.cache, self._cur, fields, self.choices, self.alive,
                                                          self.turns, self.events, steps=steps)
         self.index += steps
-        live = row["live"]
-        np.add(row["pos"], steps, out=row["pos"], where=live)
-        np.add(row["count"], steps, out=row["count"], where=live)
+        np.add(self._packed[:2], steps, out=self._packed[:2], where=row["live"])  # pos, count
         return out
 
 

@@ -83,7 +83,6 @@ class GenTickStats(TickStats):
     prefill_rows: int = 0
     decode_steps: int = 0  # decode steps run (per lane)
     row_steps: int = 0  # lane rows × decode steps computed
-    useful_steps: int = 0  # of which produced a token of a live turn
     generated: int = 0  # tokens kept in replies
     invalid_actions: int = 0
     decode_cpu_s: float = 0.0  # CPU of the calling thread in the decode steps' host path (dispatch, token intake)
@@ -350,28 +349,26 @@ class GenerateEngine(RolloutEngine):
         with where the decode program found them to end; returns the episodes whose turn ended, in env-row order
         (the serial tick's), and their lane rows."""
         block, ends = decoded_parts(to_host(out))
-        kept, ending = self._take_block(turn, block if first is not None else block[1:], ends)
-        stats.useful_steps += kept - (0 if first is None else len(starting))
+        ending = self._take_block(turn, block if first is not None else block[1:], ends)
         slots = ending[np.argsort(turn.env_row[ending])]
         return turn.episode[slots].tolist(), slots
 
-    def _take_block(self, turn: TurnTokens, block: np.ndarray, ends: np.ndarray) -> tuple[int, np.ndarray]:
+    def _take_block(self, turn: TurnTokens, block: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Append a call's tokens ``block [steps, lane rows]`` (the automaton's hole where a row took none) to the
         lane rows' turns, each until its turn is over (a stop token, a complete action or ``max_new_tokens``), as
-        ``ends [4, lane rows]`` says (:func:`~esjax.agent.automaton.turn_ends` over the block: the decode
-        program's). Returns the tokens kept and the rows whose turn is over, ascending.
+        ``ends [3, lane rows]`` says (:func:`~esjax.agent.automaton.turn_ends` over the block: the decode
+        program's). Returns the rows whose turn is over, ascending.
 
-        The log takes the block as one slice and the turns their states and lengths as three, for every lane row at
+        The log takes the block as one slice and the turns their states and lengths as two, for every lane row at
         once (rows not live hold no turn: whatever they take is never read); only the rows :data:`LOOK` marks are
         then looked at. A reply the automaton can't read (a token that is not ASCII) is asked of the agent at each
         closing token."""
         turn.write(block)
         before = turn.count
         turn.state, turn.count = ends[0].copy(), ends[1].astype(np.int64)  # the host changes some below
-        kept = int(ends[3].sum())
         looking = np.flatnonzero(ends[2] >= LOOK)
         if not len(looking):
-            return kept, looking
+            return looking
         flags = ends[2, looking]
         complete, asking = (flags & COMPLETE) != 0, np.flatnonzero(flags & ASKING)
         if len(asking):
@@ -379,12 +376,11 @@ class GenerateEngine(RolloutEngine):
             lengths = self.agent.action_lengths(turn.replies(rows), before[rows].tolist())
             found = lengths > 0
             complete[asking[found]] = True
-            kept += int(np.sum(lengths[found] - turn.count[rows[found]]))
             turn.count[rows[found]] = lengths[found]
         turn.complete[looking] = complete
         unread = looking[~complete & (turn.state[looking] == self.automaton.unread)]
         turn.state[unread] = UNKNOWN  # asked: it goes on
-        return kept, looking[complete | ((flags & OVER) != 0)]
+        return looking[complete | ((flags & OVER) != 0)]
 
     def _end_turns(self, lane: Lane, turn: TurnTokens, ended: list[GenEpisode], slots: np.ndarray,
                    stats: GenTickStats) -> list[tuple[GenEpisode, list[int]]]:
