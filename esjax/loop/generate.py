@@ -8,10 +8,12 @@ tokens, a search query or a ReAct thought dozens. One tick:
    prompts, grouped per version, run through the model as one small batch; their keys and values are inserted
    into their version's decode lane (:class:`esjax.agent.lanes.Lane`) and their first token is drawn;
 2. every row mid-turn takes ``decode_steps`` **decode steps** (one batched forward per live version: rows of one
-   version share θ_v, each row applies its own ES member inside the matmuls);
-3. the host reads the new tokens; a row whose reply now holds a complete action (or an end-of-sequence token,
-   or ``max_new_tokens`` tokens) ends its turn: its action is parsed and the **env steps** it, and a row whose
-   episode ended frees its env row and lane row for the next episode at once.
+   version share θ_v, each row applies its own ES member inside the matmuls); the same program advances each
+   row's action automaton (:class:`~esjax.agent.automaton.TurnAutomaton`) over its new tokens and finds where its
+   turn ends (:func:`~esjax.agent.automaton.turn_ends`);
+3. the host reads the new tokens and the turn ends in one transfer; a row whose reply now holds a complete
+   action (or an end-of-sequence token, or ``max_new_tokens`` tokens) ends its turn: its action is parsed and the
+   **env steps** it, and a row whose episode ended frees its env row and lane row for the next episode at once.
 
 So a row that finishes its turn at decode step 3 acts and starts its next turn's prefill in the next tick while
 its neighbours keep decoding; nobody waits for the longest reply, and lane rows left over by an ended episode
