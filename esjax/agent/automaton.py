@@ -113,13 +113,13 @@ class ActionAutomaton:
 
 class TurnAutomaton:
     """:class:`ActionAutomaton` extended with a turn's other events, over every token id a model writes, so a
-    decode call's block of tokens is read with one table lookup per step and one test of the states.
+    decode call's block of tokens is read with one table lookup per step and :func:`turn_ends` over the states.
 
     A stop token leads to :attr:`stopped`; a closing token that leaves a reply in :data:`UNKNOWN` leads to
     :attr:`unread`, where the caller asks the agent's exact path (and sets the state back to :data:`UNKNOWN` if the
     reply goes on); id :attr:`hole` (a step where a row took no token) leaves every state as it is. The states
-    where a turn may end (:data:`ACCEPT`, :attr:`stopped`, :attr:`unread`: :attr:`event`) are absorbing but for a
-    stop token, so a block's last states tell which rows to look at. The table is token-major,
+    where a turn may end (:data:`ACCEPT`, :attr:`stopped`, :attr:`unread`) are absorbing but for a stop token, so a
+    block's last states tell which rows to look at. The table is token-major,
     ``[ids + 1, states]`` (int16): a step's lookups touch one short row per token.
     """
 
@@ -136,8 +136,6 @@ class TurnAutomaton:
         table[sorted(stop_ids)] = self.stopped
         table[self.hole] = np.arange(self.width)
         self.table = table
-        self.event = np.zeros(self.width, bool)
-        self.event[[ACCEPT, self.stopped, self.unread]] = True
 
     def events(self, max_new_tokens: int) -> TurnEvents:
         return TurnEvents(self.stopped, self.unread, max_new_tokens)

@@ -313,7 +313,7 @@ class GenerateEngine(RolloutEngine):
             out = lane.decode(params, self.noise, sigma, steps, turn.state)
             stats.decode_cpu_s += time.thread_time() - cpu
             stats.model_s += time.perf_counter() - t0
-            pending.append((lane, turn, starting, first, out))
+            pending.append((lane, turn, first is not None, out))
             stats.model_rows += len(group)
             stats.calls += 1 + (first is not None)
             stats.prefill_rows += len(entries)
@@ -323,9 +323,9 @@ class GenerateEngine(RolloutEngine):
         ended: list[GenEpisode] = []
         turns: list[tuple[GenEpisode, list[int]]] = []  # (episode, reply tokens) of the turns not yet stepped
         with self._host_jobs(stats) as jobs:
-            for lane, turn, starting, first, out in pending:
+            for lane, turn, prefilled, out in pending:
                 t0, cpu = time.perf_counter(), time.thread_time()
-                lane_ended, slots = self._read_tokens(lane, turn, starting, first, out, stats)
+                lane_ended, slots = self._read_tokens(turn, out, prefilled)
                 stats.decode_cpu_s += time.thread_time() - cpu
                 stats.model_s += time.perf_counter() - t0
                 ended += lane_ended
@@ -345,13 +345,12 @@ class GenerateEngine(RolloutEngine):
             episode.prompt = self.agent.prompt_ids(episode.observation, episode.available, episode.memory)
         return episode.prompt
 
-    def _read_tokens(self, lane: Lane, turn: TurnTokens, starting: list[tuple[int, GenEpisode]], first: Any,
-                     out: Any, stats: GenTickStats) -> tuple[list[GenEpisode], np.ndarray]:
-        """Take a lane's new tokens (the prefilled rows' first ones, then the decode steps') into its rows' turns,
-        with where the decode program found them to end; returns the episodes whose turn ended, in env-row order
-        (the serial tick's), and their lane rows."""
+    def _read_tokens(self, turn: TurnTokens, out: Any, prefilled: bool) -> tuple[list[GenEpisode], np.ndarray]:
+        """Take a lane's decode call ``out`` (the prefilled rows' first tokens if the lane ``prefilled``, then the
+        decode steps') into its rows' turns, with where the decode program found them to end; returns the episodes
+        whose turn ended, in env-row order (the serial tick's), and their lane rows."""
         block, ends = decoded_parts(to_host(out))
-        ending = self._take_block(turn, block if first is not None else block[1:], ends)
+        ending = self._take_block(turn, block if prefilled else block[1:], ends)
         slots = ending[np.argsort(turn.env_row[ending])]
         return turn.episode[slots].tolist(), slots
 
