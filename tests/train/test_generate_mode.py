@@ -281,8 +281,8 @@ def _check_block_intake(engine, start: list[list[int]], new: np.ndarray, taking:
     prefilled = (rng.random(len(start)) < 0.5) & taking  # as in a lane: a prefilled row is live
     block = np.concatenate([np.where(prefilled, new[:, 0], engine.automaton.hole)[None], new[:, 1:].T])
     states = engine.automaton.advance(turn.state, block).T  # as the decode program walks it
-    ends = turn_ends(states, turn.count + prefilled, taking, engine.automaton.events(engine.max_new_tokens))
-    ended = engine._take_block(turn, block, np.asarray(ends))
+    where = turn_ends(states, turn.count + prefilled, taking, engine.automaton.events(engine.max_new_tokens))
+    ended = engine._take_block(turn, block, np.asarray(where))
     stopped = turn.state == engine.automaton.stopped
     over = (turn.complete | (turn.count >= engine.max_new_tokens) | stopped) & taking
     assert ended.tolist() == np.flatnonzero(over).tolist()
