@@ -18,9 +18,11 @@ from esjax.model.hf import load_pretrained, render_chat
 from esjax.model.params import init_params
 
 #: The policies shipped in the package, by ``model.embedded`` name: ``default`` scores WebShop's candidate actions
-#: (score mode), ``generate`` writes them (generate mode).
+#: (score mode), ``generate`` writes them (generate mode), ``generate-hasty`` is ``generate`` taught to buy without
+#: options on a third of its demonstrations (a habit for ES to unlearn: configs/generate.yaml).
 EMBEDDED_POLICIES = {name: Path(__file__).resolve().parents[1] / "assets" / folder
-                     for name, folder in (("default", "default_policy"), ("generate", "generate_policy"))}
+                     for name, folder in (("default", "default_policy"), ("generate", "generate_policy"),
+                                          ("generate-hasty", "generate_hasty_policy"))}
 EMBEDDED_POLICY_DIR = EMBEDDED_POLICIES["default"]
 
 #: A tiny Qwen2-architecture config for ``model.source: random`` (tests, smoke runs).
