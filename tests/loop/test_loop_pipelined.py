@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 GENERATE = REPO / "configs" / "generate.yaml"
 #: generate.yaml's policy in a few small updates, evaluations between: several versions' lanes in a tick
 GENERATE_SMALL = ["run.updates=3", "run.eval_every=1", "run.checkpoint_every=1", "run.progress=false",
-                  "run.plots=false", "es.population=4", "schedule.slots=4", "env.tasks_per_member=2",
+                  "run.plots=false", "es.population=4", "schedule.slots=4", "env.tasks_per_member=4",
                   "env.eval_goals=2", "env.max_steps=6", "agent.decode_steps=2"]
 
 

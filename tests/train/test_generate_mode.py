@@ -534,7 +534,7 @@ def test_resume_of_generate_yaml_is_bit_identical_with_webshops_own_reward(tmp_p
 
     small = ["run.updates=3", "run.eval_every=2", "run.checkpoint_every=1", "run.keep_checkpoints=100",
              "run.progress=false", "run.plots=false", "es.population=4", "schedule.slots=3",
-             "env.tasks_per_member=2", "env.eval_goals=2", "env.max_steps=6", "agent.decode_steps=2"]
+             "env.tasks_per_member=4", "env.eval_goals=2", "env.max_steps=6", "agent.decode_steps=2"]
     reference = train(load_config(REPO / "configs" / "generate.yaml", small), run_dir=tmp_path / "reference")
     records = untimed(read_records(reference.run_dir))
     assert theta_moved(records)
@@ -565,7 +565,7 @@ def test_generate_yaml_runs_and_moves_theta(tmp_path, capsys):
     from esjax.cli.run import main
 
     small = ["run.updates=2", "run.eval_every=2", "run.progress=false", "run.plots=false", "es.population=4",
-             "schedule.slots=4", "env.tasks_per_member=2", "env.eval_goals=2", "env.max_steps=6"]
+             "schedule.slots=4", "env.tasks_per_member=4", "env.eval_goals=2", "env.max_steps=6"]
     with pytest.raises(SystemExit) as info:
         run_cli(main, ["--config", str(REPO / "configs" / "generate.yaml"), *[a for s in small for a in ("--set", s)],
                        "--run-dir", str(tmp_path / "run")])
