@@ -48,6 +48,9 @@ BEHAVIOUR = (("invalid_action_rate", "invalid actions / actions", "{:.1%}"),
              ("option_clicks_per_item_page", "option clicks / product click", "{:.2f}"),
              ("option_clicks_named_in_instruction", "option clicks the instruction names", "{:.0%}"),
              ("bought", "episodes that bought", "{:.0%}"),
+             ("bought_without_option_click", "purchases without an option click", "{:.0%}"),
+             ("reward_of_buys_with_option_click", "reward of purchases with an option click", "{:.3f}"),
+             ("reward_of_buys_without_option_click", "reward of purchases without one", "{:.3f}"),
              ("step_cap_hits", "step-cap hits", "{:.1%}"),
              ("steps_per_episode", "steps / episode", "{:.2f}"))
 
@@ -156,8 +159,11 @@ def report(out: Path = OUT) -> str:
                   "What the greedy agent wrote (evaluation traces, mean over the seeds):", "",
                   "| | before | after |", "|---|---|---|"]
         for key, label, fmt in BEHAVIOUR:
-            values = [[r["behaviour"][str(r["evals"][i]["version"])][key] for r in runs] for i in (0, -1)]
-            lines.append(f"| {label} | {fmt.format(np.mean(values[0]))} | {fmt.format(np.mean(values[1]))} |")
+            # a mean reward of purchases of one kind is None in a run without such a purchase
+            values = [[v for r in runs if (v := r["behaviour"][str(r["evals"][i]["version"])].get(key)) is not None]
+                      for i in (0, -1)]
+            cells = [fmt.format(np.mean(v)) if v else "—" for v in values]
+            lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
         lines.append("")
     if {"sync", "async-K1"} <= set(found):
         sync = {r["seed"]: r for r in found["sync"]}
