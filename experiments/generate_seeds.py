@@ -174,11 +174,13 @@ def report(out: Path = OUT) -> str:
                  - (sync[r["seed"]]["evals"][-1]["score"] - sync[r["seed"]]["evals"][0]["score"])
                  for r in found["async-K1"] if r["seed"] in sync]
         mean, low, high = t_ci(pairs)
-        ci = f"[{low:+.1f}, {high:+.1f}]" if len(pairs) > 1 else "(one pair)"
+        ci = f"[{low:+.2f}, {high:+.2f}]" if len(pairs) > 1 else "(one pair)"
         lines += ["## sync vs async-K1 (exploratory)", "",
-                  f"Gain of async-K1 minus gain of sync, paired by seed over {len(pairs)} seeds: **{mean:+.1f}** "
-                  f"95% CI {ci}. Exploratory: no margin was fixed and 5 seeds cannot show equivalence; this is a "
-                  "first look at the study's question for an agent that writes its actions, not a verdict.", ""]
+                  f"Gain of async-K1 minus gain of sync, paired by seed over {len(pairs)} seeds: **{mean + 0.0:+.2f}** "
+                  f"points, 95% t CI {ci}. Exploratory: no equivalence margin was fixed before these runs, so no "
+                  "equivalence is claimed; this is a first look at the study's question for an agent that writes "
+                  "its actions, not a verdict. Wall times are not compared: the runs shared the CPU unevenly and "
+                  "later ones found XLA's compilation cache warm.", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
