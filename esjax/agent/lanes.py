@@ -271,6 +271,7 @@ class Lane:
         self.row = self._rows({name: self._blank(name, rows) for name in self._FIELDS})
         self._prepared_members: tuple[np.ndarray, ...] | None = None
         self._members_changed = True  # a row's member may differ from those of ``_prepared``
+        self.prefill_calls = 0  # programs the last prefill ran (its rows in chunks of at most max_rows)
         self._prepared: Prepared | None = None
         self._cur = jnp.zeros(rows, jnp.int32)  # each row's next token to feed (device)
         # constrained turns (device, created by the first): [rows, width, length] reply ids, [rows, width] alive
@@ -350,11 +351,14 @@ class Lane:
             self.row["start"][self.row["live"]] -= shift
 
     def prefill(self, params: Any, noise, sigma: float, entries: Sequence[tuple[int, list[int], RowState]],
-                steps: int, row_buckets: int = 1) -> jax.Array | None:
-        """Start rows ``(lane row, prompt ids, state)``: prefill them together and insert them at the write slot.
+                steps: int, row_buckets: int = 1, max_rows: int | None = None) -> jax.Array | None:
+        """Start rows ``(lane row, prompt ids, state)``: prefill them and insert them at the write slot.
 
         ``state.count`` is the index of the token to draw (> 0 when the prompt ends with tokens generated
-        earlier in the turn). Returns the sampled tokens ``[n]`` (a device array, not yet read).
+        earlier in the turn). ``max_rows``: most rows in one prefill program (rounded up to a power of two; None:
+        all at once). A prefill holds f32 attention scores of ``[rows, heads, prompt, prompt]``, so this bounds a
+        tick's memory: all 512 rows of a version starting at once peaked at ~5 GB on a 0.35M-parameter policy.
+        Returns the sampled tokens ``[n]`` (a device array, not yet read).
         """
         if not entries:
             return None
@@ -369,20 +373,28 @@ class Lane:
         versions = pad((s.member[0] for s in states), 0, np.int32)
         indices = pad((s.member[1] for s in states), 0, np.int32)
         perturbed = pad((s.member[2] for s in states), False, bool)
-        prepared = self._perturbation(noise, sigma, params, versions, indices, perturbed)
         lo, hi = pad((s.lo for s in states), 0, np.uint32), pad((s.hi for s in states), 0, np.uint32)
         counts = pad((s.count for s in states), 0, np.int32)
         greedy = pad((s.greedy for s in states), True, bool)
         choices, alive = self._pack_choices(entries, n_b)
-        k_new, v_new, first, alive = _prefill(self.config, self.sampling, params, prepared, tokens, mask, lo, hi,
-                                              counts, greedy, choices, alive)
         into = pad(rows, self.rows, np.int32)  # out of range: dropped
-        self.cache, self._cur = _insert(self.cache, k_new, v_new, mask, into, self._cur, first)
-        if self.choices is not None:
-            if choices is None:  # free turns only: clear what earlier turns of these rows left
-                choices = np.full((n_b, *self.choices.shape[1:]), -1, np.int32)
-                alive = np.zeros((n_b, self.choices.shape[1]), bool)
-            self.choices, self.alive = _insert_choices(self.choices, self.alive, into, choices, alive)
+        chunk = n_b if max_rows is None else min(n_b, next_power_of_two(max_rows))
+        firsts = []
+        for at in range(0, n, chunk):  # every chunk the same shape: one program; chunks of padding only skipped
+            part = slice(at, at + chunk)
+            prepared = self._perturbation(noise, sigma, params, versions[part], indices[part], perturbed[part])
+            part_choices, part_alive = (None, None) if choices is None else (choices[part], alive[part])
+            k_new, v_new, first, part_alive = _prefill(self.config, self.sampling, params, prepared, tokens[part],
+                                                       mask[part], lo[part], hi[part], counts[part], greedy[part],
+                                                       part_choices, part_alive)
+            self.cache, self._cur = _insert(self.cache, k_new, v_new, mask[part], into[part], self._cur, first)
+            if self.choices is not None:
+                if part_choices is None:  # free turns only: clear what earlier turns of these rows left
+                    part_choices = np.full((chunk, *self.choices.shape[1:]), -1, np.int32)
+                    part_alive = np.zeros((chunk, self.choices.shape[1]), bool)
+                self.choices, self.alive = _insert_choices(self.choices, self.alive, into[part], part_choices,
+                                                           part_alive)
+            firsts.append(first)
         lengths = np.array([len(ids) for _, ids, _ in entries], np.int64)
         row = self.row
         row["live"][rows] = True
@@ -395,7 +407,8 @@ class Lane:
                              ("perturbed", perturbed)):
             row[name][rows] = values[:n]
         self._members_changed = True
-        return first[:n]
+        self.prefill_calls = len(firsts)
+        return (firsts[0] if len(firsts) == 1 else jnp.concatenate(firsts))[:n]
 
     def _pack_choices(self, entries: Sequence[tuple[int, list[int], RowState]], n_b: int
                       ) -> tuple[np.ndarray | None, np.ndarray | None]:

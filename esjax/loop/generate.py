@@ -308,14 +308,14 @@ class GenerateEngine(RolloutEngine):
             stats.prepare_s += time.perf_counter() - t0
             t0 = time.perf_counter()
             sigma = float(self.sigma_at(version))
-            first = lane.prefill(params, self.noise, sigma, entries, steps)
+            first = lane.prefill(params, self.noise, sigma, entries, steps, max_rows=self.max_call_rows)
             cpu = time.thread_time()
             out = lane.decode(params, self.noise, sigma, steps, turn.state)
             stats.decode_cpu_s += time.thread_time() - cpu
             stats.model_s += time.perf_counter() - t0
             pending.append((lane, turn, first is not None, out))
             stats.model_rows += len(group)
-            stats.calls += 1 + (first is not None)
+            stats.calls += 1 + (lane.prefill_calls if first is not None else 0)
             stats.prefill_rows += len(entries)
             stats.decode_steps += steps
             stats.row_steps += lane.rows * steps

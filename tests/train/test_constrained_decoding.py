@@ -107,6 +107,31 @@ def test_a_turn_resumed_mid_choice_continues_it_and_rows_reused_for_free_turns_a
     assert tokens == free
 
 
+def test_prefilling_rows_in_chunks_equals_prefilling_them_at_once(tiny):
+    """``max_rows`` splits a prefill into programs of a few rows (bounding its memory): members, constrained and
+    free rows and sampled turns come out the same token for token as in one program, and the cache the same up to
+    float rounding (XLA's CPU kernels sum in another order for another batch size: ~1e-6 here)."""
+    from esjax.es.noise import NoiseSpec
+
+    config, params = tiny
+    noise = NoiseSpec(seed=1, rank=1)
+    entries = [(r, PROMPTS[r % 4], RowState((0, r // 2, r % 3 > 0), *split_seed(r), r % 2 == 0,
+                                            choices=CHOICES[r % 4])) for r in range(7)]
+    lanes, outs = [], []
+    for max_rows in (None, 2):
+        lane = Lane(config, 8, PREFILL_BUCKETS.length(17) + 8, params["embed"]["embedding"].dtype,
+                    Sampling(temperature=1.0))
+        first = lane.prefill(params, noise, 0.5, entries, 4, max_rows=max_rows)
+        outs.append((np.asarray(first), np.asarray(lane.decode(params, noise, 0.5, 4))))
+        lanes.append(lane)
+    assert [lane.prefill_calls for lane in lanes] == [1, 4]  # 7 rows: one program of 8, or 4 of 2
+    np.testing.assert_array_equal(outs[1][0], outs[0][0])
+    np.testing.assert_array_equal(outs[1][1], outs[0][1])
+    np.testing.assert_array_equal(np.asarray(lanes[1].cache["valid"]), np.asarray(lanes[0].cache["valid"]))
+    for name in ("k", "v"):
+        np.testing.assert_allclose(np.asarray(lanes[1].cache[name]), np.asarray(lanes[0].cache[name]), atol=1e-4)
+
+
 # ------------------------------------------------------------------------------------------------ agent and engine
 @pytest.fixture(scope="module")
 def shipped():
