@@ -217,19 +217,18 @@ def reward_by_trace(monkeypatch, engine_cls) -> None:
 def uneven_episodes(monkeypatch, engine_cls) -> None:
     """Train episodes of ``engine_cls`` end after 1 … max_steps steps (a hash of the member and position) instead
     of all running to ``env.max_steps`` in lockstep: rows of different versions are then live in the same tick,
-    as in a real asynchronous run."""
+    as in a real asynchronous run (through the engines' public ``step_budget``)."""
     import zlib
 
-    retire = engine_cls._retire_if_over
+    budget = engine_cls.step_budget
 
-    def uneven(self, episode, finished):
+    def uneven(self, episode):
         if episode.kind == "train":
             key = f"{episode.version},{episode.index},{episode.position}".encode()
-            if episode.steps >= 1 + zlib.crc32(key) % self.max_steps:
-                episode.done = True
-        retire(self, episode, finished)
+            return 1 + zlib.crc32(key) % self.max_steps
+        return budget(self, episode)
 
-    monkeypatch.setattr(engine_cls, "_retire_if_over", uneven)
+    monkeypatch.setattr(engine_cls, "step_budget", uneven)
 
 
 def free_port() -> int:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -471,16 +471,21 @@ class Coordinator:
 
 
 def apply_cohorts(coord: Coordinator, update: UpdateFn | None = None, *,
-                  until: int | None = None) -> list[UpdateRecord]:
-    """The minimal driver step: apply every complete cohort in turn (a cascade one update at a time).
+                  until: int | Callable[[], int] | None = None,
+                  on_version: Callable[[UpdateRecord], None] | None = None,
+                  on_reject: Callable[[RejectedUpdate], None] | None = None) -> list[UpdateRecord]:
+    """The driver step: apply every complete cohort in turn (a cascade one update at a time).
 
     ``update(cohort)`` applies the ES update to θ_t and returns its metrics (``None``: bookkeeping only, for
-    timing studies); a :class:`RejectedUpdate` becomes :meth:`Coordinator.reject`, any other exception
-    propagates with the cohort kept (call again to retry). Stops once t reaches ``until``. Returns the
-    records of the updates applied, in order.
+    timing studies); a :class:`RejectedUpdate` becomes :meth:`Coordinator.reject` (then ``on_reject(err)``), any
+    other exception propagates with the cohort kept (call again to retry). After each update, ``on_version(record)``
+    runs with version t + 1 in place (the trainer evaluates and checkpoints there, before the next cohort of a
+    cascade). Stops once t reaches ``until`` (a callable is asked again after every update: a hook may end the run
+    early). Returns the records of the updates applied, in order.
     """
     records: list[UpdateRecord] = []
-    while until is None or coord.version < until:
+    limit = until if callable(until) else (lambda: until)
+    while (stop := limit()) is None or coord.version < stop:
         cohort = coord.complete_cohort()
         if cohort is None:
             break
@@ -488,6 +493,10 @@ def apply_cohorts(coord: Coordinator, update: UpdateFn | None = None, *,
             metrics = update(cohort) if update is not None else None
         except RejectedUpdate as err:
             coord.reject(str(err))
+            if on_reject is not None:
+                on_reject(err)
             continue
-        records.append(coord.advance(metrics))
+        records.append(record := coord.advance(metrics))
+        if on_version is not None:
+            on_version(record)
     return records

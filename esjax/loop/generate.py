@@ -430,7 +430,7 @@ class GenerateEngine(RolloutEngine):
         if prepare_next:
             t0 = time.perf_counter()
             for episode, _, _ in turns:
-                if not episode.done and episode.steps < self.max_steps:
+                if not episode.done and episode.steps < self.step_budget(episode):
                     self._prompt(episode)
             stats.prepare_s += time.perf_counter() - t0
 

@@ -431,13 +431,19 @@ class RolloutEngine:
         if prepare_next:
             t0 = time.perf_counter()
             for episode, _ in acting:
-                if not episode.done and episode.steps < self.max_steps:
+                if not episode.done and episode.steps < self.step_budget(episode):
                     self._next_inputs[episode.row] = (episode, self._build_inputs(episode))
             stats.prepare_s += time.perf_counter() - t0
 
+    def step_budget(self, episode: Episode) -> int:
+        """The most steps ``episode`` may take: ``env.max_steps`` for every episode. The seam for tasks (or tests)
+        whose episodes have budgets of their own; an episode at its budget ends as if it had reached the cap."""
+        return self.max_steps
+
     def _retire_if_over(self, episode: Episode, finished: list[Episode]) -> None:
-        """An episode that ended (or reached ``max_steps``) leaves ``live`` for ``finished``; its row is free."""
-        if episode.done or episode.steps >= self.max_steps:
+        """An episode that ended (or used its :meth:`step_budget`) leaves ``live`` for ``finished``; its row is
+        free."""
+        if episode.done or episode.steps >= self.step_budget(episode):
             episode.done = True
             finished.append(episode)
             del self.live[episode.row]

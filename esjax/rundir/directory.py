@@ -37,12 +37,12 @@ class RunInterrupted(KeyboardInterrupt):
         self.run_dir, self.checkpoint, self.removed = run_dir, checkpoint, removed
 
 
-def git_commit() -> dict[str, Any]:
+def git_commit(package: Path | None = None) -> dict[str, Any]:
     """The commit of the esjax source checkout (``"unknown"`` when esjax is not run from a git checkout) and
-    whether tracked files differ from it."""
+    whether tracked files differ from it. ``package``: the esjax package folder to ask about (default: this one's)."""
     import subprocess
 
-    root = Path(esjax.__file__).resolve().parent.parent
+    root = Path(package or Path(esjax.__file__).parent).resolve().parent
     try:
         def git(*args: str) -> str:
             return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,

@@ -35,11 +35,12 @@ from esjax.rundir.directory import (
     storage_reason,
 )
 from esjax.rundir.metrics import MetricsWriter, RecordCounter, read_metrics, truncate_after, truncate_records
+from esjax.train.hooks import Hooks
 from esjax.train.parts import check_extras
 from esjax.train.progress import Progress
 from esjax.train.trainer import RunAborted, Trainer
 
-__all__ = ["RunAborted", "RunInterrupted", "TrainResult", "Trainer", "train"]
+__all__ = ["Hooks", "RunAborted", "RunInterrupted", "TrainResult", "Trainer", "train"]
 
 
 @dataclasses.dataclass
@@ -105,10 +106,11 @@ def stop_gracefully(trainer: Trainer):
 
 
 def train(config: Config, run_dir: str | Path | None = None, resume: bool = False,
-          overrides: list[str] | None = None) -> TrainResult:
+          overrides: list[str] | None = None, hooks: Hooks | None = None) -> TrainResult:
     """Run (or resume) a training job and write its run directory; returns the final θ and records.
 
-    ``overrides``: the ``--set`` items of the command line (recorded in run.json and summary.md).
+    ``overrides``: the ``--set`` items of the command line (recorded in run.json and summary.md). ``hooks``: callbacks
+    at the loop's named points (:class:`~esjax.train.hooks.Hooks`), run after the trainer's own.
 
     A start that fails (bad input found while building the parts, a run directory that cannot be written, a
     missing optional package, a failure or Ctrl-C before the first update) raises a one-line error and leaves
@@ -132,7 +134,7 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
         if not resume and primary:
             (run_dir / CONFIG_FILE).write_text(config_to_yaml(config))
             (run_dir / "run.json").write_text(json.dumps(run_metadata(config, overrides), indent=2))
-        trainer = Trainer(config, run_dir)
+        trainer = Trainer(config, run_dir, hooks)
         checkpointer = Checkpointer(run_dir, config.run.keep_checkpoints)
         metrics_path = run_dir / "metrics.jsonl"
         kept = 0  # metrics records that stay in the file

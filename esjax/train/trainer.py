@@ -37,7 +37,7 @@ from typing import Any
 import jax
 
 from esjax.config import Config
-from esjax.loop.coordinator import RejectedUpdate
+from esjax.loop.coordinator import RejectedUpdate, apply_cohorts
 from esjax.loop.engine import ESUpdate
 from esjax.loop.rollout import Episode
 from esjax.loop.types import Result, UpdateRecord
@@ -45,6 +45,7 @@ from esjax.rundir.checkpoint import Checkpointer
 from esjax.rundir.metrics import MetricsWriter, RecordCounter
 from esjax.train import persistence
 from esjax.train.evaluations import Evaluations
+from esjax.train.hooks import Hooks, Tick
 from esjax.train.inflight import LoopCounters, SinceUpdate
 from esjax.train.jobs import MemberJobs
 from esjax.train.parts import build_run_parts
@@ -56,9 +57,13 @@ __all__ = ["RunAborted", "Trainer"]
 
 
 class Trainer:
-    """Owns one run: its parts, its loop state and its run directory. :meth:`run` is the algorithm."""
+    """Owns one run: its parts, its loop state and its run directory. :meth:`run` is the algorithm.
 
-    def __init__(self, config: Config, run_dir: Path):
+    ``hooks`` (:class:`~esjax.train.hooks.Hooks`) run at the loop's named points after the trainer's own:
+    evaluations, checkpoints and the progress line (:meth:`_own_hooks`).
+    """
+
+    def __init__(self, config: Config, run_dir: Path, hooks: Hooks | None = None):
         self.settings = LoopSettings.from_config(config, jax.process_count())  # the config is not read again
         self.parts = build_run_parts(config)
         self.run_dir = run_dir
@@ -78,6 +83,18 @@ class Trainer:
         self._stop_requested = False  # Ctrl-C / SIGTERM (esjax.train.session): checkpoint at the end of the tick
         self._saved_at = 0.0  # wall time of the last checkpoint (run.checkpoint_minutes)
         self._wall_start = time.perf_counter()
+        self.hooks = self._own_hooks().extend(hooks)
+
+    def _own_hooks(self) -> Hooks:
+        """What the trainer itself hangs on the loop: evaluations see every tick's pages and their own episodes and
+        start at due versions; a checkpoint follows at due versions; the progress line shows the phase."""
+        hooks = Hooks()
+        hooks.on_tick(lambda trainer, tick: self.evals.observe(self.engine, tick.finished))
+        hooks.on_tick(lambda trainer, tick: self.log.progress.phase(self.phase()))
+        hooks.on_episode_end(self._evaluation_episode_done)
+        hooks.on_version(self._evaluate_when_due)
+        hooks.on_version(self._checkpoint_when_due)
+        return hooks
 
     # ----------------------------------------------------------------------------------------- the algorithm
     def run(self, writer: MetricsWriter | RecordCounter, checkpointer: Checkpointer, progress: Progress) -> None:
@@ -118,16 +135,15 @@ class Trainer:
             raise KeyboardInterrupt("stop requested")
 
     def _apply_complete_cohorts(self) -> None:
-        """θ_{t+1} = ES step of θ_t over each complete cohort, one at a time (a cascade is several steps)."""
-        while self.version < self.last_version and (cohort := self.coord.complete_cohort()) is not None:
-            try:
-                metrics = self.es_update(cohort)
-            except RejectedUpdate as err:  # θ_t and the optimizer state are unchanged; t stays
-                self.coord.reject(str(err))
-                rejections, self.coord.rejections = self.coord.rejections, []
-                self.log.rejected(rejections, self.counters)
-                continue
-            self._new_version(self.coord.advance(metrics))
+        """θ_{t+1} = ES step of θ_t over each complete cohort, one at a time (a cascade is several steps), each new
+        version announced to the hooks before the next cohort is applied."""
+        apply_cohorts(self.coord, self.es_update, until=lambda: self.last_version, on_version=self._new_version,
+                      on_reject=self._rejected)
+
+    def _rejected(self, err: RejectedUpdate) -> None:
+        """θ_t and the optimizer state are unchanged; t stays."""
+        rejections, self.coord.rejections = self.coord.rejections, []
+        self.log.rejected(rejections, self.counters)
 
     def _begin(self, writer: MetricsWriter | RecordCounter, checkpointer: Checkpointer, progress: Progress) -> None:
         self.log.attach(writer, progress)
@@ -160,12 +176,11 @@ class Trainer:
         since = self.counters.since_update
         since.busy_ticks += len(self.jobs) / self.settings.slots
         finished, stats = self.engine.tick(self.params_at)
-        self.evals.observe(self.engine, finished)
         self.counters.tick += 1
-        self.log.progress.phase(self.phase())
         since.ticks += 1
         since.rows += stats.rows
         since.tokens += stats.tokens
+        self.hooks.ticked(self, Tick(self.counters.tick, self.version, finished, stats))
         return finished
 
     def _member_results(self, finished: list[Episode]) -> list[Result]:
@@ -177,7 +192,8 @@ class Trainer:
         return self.jobs.results(done_jobs, self.counters.tick)
 
     def _new_version(self, record: UpdateRecord) -> None:
-        """Version t + 1 exists: write its update record, then evaluate and checkpoint it when due."""
+        """Version t + 1 exists: write its update record, stop the jobs it leaves hopeless, then the hooks (the
+        trainer's own evaluate and checkpoint it when due)."""
         version = record.version + 1
         if version != self.version or version != self.es_update.version:
             raise RuntimeError(f"update record for version {version}, but the coordinator is at {self.version} "
@@ -189,10 +205,20 @@ class Trainer:
         # Jobs dispatched before t - K can no longer be accepted (and θ of their version is no longer kept):
         # stop them at every version, checkpointed or not, so checkpoints never change the run.
         self._abandon_hopeless()
-        last = self.last_version
-        if version % self.settings.eval_every == 0 or version == last:
+        self.hooks.versioned(self, record)
+
+    def _evaluation_episode_done(self, trainer: Trainer, episode: Episode) -> None:
+        if episode.kind == "eval":
+            self.evals.episode_done(episode)
+
+    def _evaluate_when_due(self, trainer: Trainer, record: UpdateRecord) -> None:
+        version = record.version + 1
+        if version % self.settings.eval_every == 0 or version == self.last_version:
             self.evals.start(version, self.params_at, self.counters.tick)
-        if version % self.settings.checkpoint_every == 0 or version == last:
+
+    def _checkpoint_when_due(self, trainer: Trainer, record: UpdateRecord) -> None:
+        version = record.version + 1
+        if version % self.settings.checkpoint_every == 0 or version == self.last_version:
             self._save()
 
     def _abandon_hopeless(self) -> None:
@@ -219,9 +245,9 @@ class Trainer:
     def _episode_done(self, episode: Episode, done_jobs: list[int]) -> None:
         if episode.failure is not None:
             self._episode_failed(episode)
-        elif episode.kind == "eval":
-            self.evals.episode_done(episode)
-        elif self.jobs.episode_done(episode, self.counters.since_update):
+            return
+        self.hooks.episode_ended(self, episode)
+        if episode.kind == "train" and self.jobs.episode_done(episode, self.counters.since_update):
             done_jobs.append(episode.owner)
 
     def _episode_failed(self, episode: Episode) -> None:

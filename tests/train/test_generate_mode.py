@@ -436,13 +436,13 @@ def test_stale_members_generate_with_their_own_versions_parameters(tmp_path, mon
     σ_v, also for rows whose version has been superseded (controlled staleness: half of each cohort at t - 1)."""
     from conftest import reward_by_trace, theta_moved
     from run_settings import es_config_of
-    from test_trainer import _digest, record_theta_history
+    from test_trainer import ThetaHistory, _digest
 
     from esjax.config import load_config
     from esjax.loop.generate import GenerateEngine
     from esjax.train.session import train
 
-    history = record_theta_history(monkeypatch)
+    theta = ThetaHistory()
     reward_by_trace(monkeypatch, GenerateEngine)
     calls = []
     decode = Lane.decode
@@ -450,7 +450,7 @@ def test_stale_members_generate_with_their_own_versions_parameters(tmp_path, mon
     def recording(self, params, noise, sigma, steps, prefilled):
         versions = set(self.row["version"][self.row["live"] & self.row["perturbed"]].tolist())
         if versions:
-            calls.append((versions, float(sigma), _digest(params), max(history)))
+            calls.append((versions, float(sigma), _digest(params), theta.current))
         return decode(self, params, noise, sigma, steps, prefilled)
 
     monkeypatch.setattr(Lane, "decode", recording)
@@ -458,7 +458,8 @@ def test_stale_members_generate_with_their_own_versions_parameters(tmp_path, mon
     config = load_config(None, [*BASE, "model.source=hf", f"model.path={model}", "run.eval_every=3",
                                 "run.checkpoint_every=3", "schedule.kind=controlled", "schedule.lag=1",
                                 "schedule.stale_fraction=0.5", "es.sigma_schedule=linear", "es.sigma_final=0.01"])
-    result = train(config, run_dir=tmp_path / "run")
+    result = train(config, run_dir=tmp_path / "run", hooks=theta.hooks)
+    history = theta.digests
     assert theta_moved(result.records) and len(set(history.values())) == 4
     sigma_at = es_config_of(config).sigma_at
     for versions, sigma, digest, current in calls:

@@ -60,26 +60,28 @@ def _digest(params) -> str:
     return h.hexdigest()
 
 
-def record_theta_history(monkeypatch) -> dict[int, str]:
-    """θ_v of every version v the ES engine reaches (a digest), recorded as the update makes it: the reference that
-    the parameters a member is rolled out with are checked against (independent of any ``params_at``)."""
-    from esjax.loop.engine import ESUpdate
+class ThetaHistory:
+    """θ_v of every version v as the ES update made it (a digest), read through the trainer's hooks (θ_0 at the first
+    tick, θ_v+1 when each update is applied): the reference that the parameters a member is rolled out with are
+    checked against (independent of any ``params_at``). ``current``: the version θ is at now; ``ticks``: ticks done."""
 
-    history: dict[int, str] = {}
-    init, call = ESUpdate.__init__, ESUpdate.__call__
+    def __init__(self) -> None:
+        from esjax.train.hooks import Hooks
 
-    def init_and_record(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        history[self.version] = _digest(self.state.params)
+        self.digests: dict[int, str] = {}
+        self.current = self.ticks = 0
+        self.hooks = Hooks()
+        self.hooks.on_tick(self._ticked)
+        self.hooks.on_version(self._versioned)
 
-    def call_and_record(self, cohort):
-        out = call(self, cohort)
-        history[self.version] = _digest(self.state.params)
-        return out
+    def _ticked(self, trainer, tick) -> None:
+        self.ticks += 1
+        if tick.version not in self.digests:  # θ_0: no update is applied before the first tick ends
+            self.digests[tick.version] = _digest(trainer.params)
 
-    monkeypatch.setattr(ESUpdate, "__init__", init_and_record)
-    monkeypatch.setattr(ESUpdate, "__call__", call_and_record)
-    return history
+    def _versioned(self, trainer, record) -> None:
+        self.current = record.version + 1
+        self.digests[self.current] = _digest(trainer.params)
 
 
 def test_stale_members_are_rolled_out_with_their_own_versions_parameters(tmp_path, monkeypatch):
@@ -92,27 +94,23 @@ def test_stale_members_are_rolled_out_with_their_own_versions_parameters(tmp_pat
 
     import esjax.loop.rollout as rollout
 
-    history = record_theta_history(monkeypatch)
+    theta = ThetaHistory()
     reward_by_trace(monkeypatch, rollout.RolloutEngine)
     uneven_episodes(monkeypatch, rollout.RolloutEngine)
-    calls, ticks = [], [0]
-    dispatch, plan = rollout.dispatch_scores, rollout.RolloutEngine._calls
+    calls = []
+    dispatch = rollout.dispatch_scores
 
     def recording(model_config, params, prompts, cand_ids, perturbation, **kwargs):
         calls.append((np.asarray(perturbation.versions).tolist(), np.asarray(perturbation.active).tolist(),
-                      float(perturbation.sigma), _digest(params), max(history), ticks[0]))
+                      float(perturbation.sigma), _digest(params), theta.current, theta.ticks))
         return dispatch(model_config, params, prompts, cand_ids, perturbation, **kwargs)
 
-    def counting(self, waiting, inputs):  # once per tick
-        ticks[0] += 1
-        return plan(self, waiting, inputs)
-
     monkeypatch.setattr(rollout, "dispatch_scores", recording)
-    monkeypatch.setattr(rollout.RolloutEngine, "_calls", counting)
     config = load_config(None, [*TINY, "run.updates=3", "run.eval_every=3", "run.checkpoint_every=3",
                                 "es.sigma_schedule=linear", "es.sigma_final=0.01", "schedule.kind=async",
                                 "schedule.max_lag=1"])
-    result = train(config, run_dir=tmp_path / "run")
+    result = train(config, run_dir=tmp_path / "run", hooks=theta.hooks)
+    history = theta.digests
     assert theta_moved(result.records) and len(set(history.values())) == 4  # θ_0 … θ_3 all differ
     sigma_at = es_config_of(config).sigma_at
     stale = 0

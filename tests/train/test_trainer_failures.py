@@ -3,6 +3,7 @@ start that fails, a missing optional package; and what run.json / summary.md rec
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import subprocess
@@ -15,6 +16,8 @@ from run_settings import SMALL_RANDOM
 from esjax.cli import run as run_cli_module
 from esjax.cli.common import run_cli
 from esjax.config import load_config
+from esjax.train import session
+from esjax.train.hooks import Hooks
 from esjax.train.session import Trainer, train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,20 +61,20 @@ def test_constant_fitness_is_warned_once_and_counted_and_the_run_is_recorded(tmp
 def test_ctrl_c_names_the_checkpoint_and_the_resume_command_that_works(tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "run"
     overrides = [*SMALL, "env.max_steps=3", "run.updates=3", "run.checkpoint_every=1"]
-    original = Trainer._new_version
+    hooks = Hooks()
 
-    def interrupt_after_update_2(self, record):
-        original(self, record)  # version 2 is applied and checkpointed, then Ctrl-C
-        if self.version == 2:
+    @hooks.on_version
+    def interrupt_after_update_2(trainer, record):  # version 2 is applied and checkpointed, then Ctrl-C
+        if record.version + 1 == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(Trainer, "_new_version", interrupt_after_update_2)
-    assert _cli(["--run-dir", str(run_dir), *_set(overrides)]) == 130
+    with monkeypatch.context() as patch:  # the CLI's train() with the hook
+        patch.setattr(session, "train", functools.partial(session.train, hooks=hooks))
+        assert _cli(["--run-dir", str(run_dir), *_set(overrides)]) == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-2] == (f"interrupted at version 2; latest checkpoint: version 2 "
                        f"({run_dir.absolute() / 'checkpoints' / '2'})")
     assert err[-1] == f"resume with: python -m esjax.run --resume {run_dir}"
-    monkeypatch.setattr(Trainer, "_new_version", original)
     assert _cli(shlex.split(err[-1].removeprefix("resume with: "))[3:]) == 0  # the printed command resumes
     assert json.loads((run_dir / "run.json").read_text())["resumes"][0]["overrides"] == []
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -109,14 +112,12 @@ def test_tensorboard_without_its_extra_is_one_line_at_start(tmp_path, capsys, mo
     assert not run_dir.exists()
 
 
-def test_git_commit_is_unknown_outside_a_checkout(tmp_path, monkeypatch):
-    import esjax
+def test_git_commit_is_unknown_outside_a_checkout(tmp_path):
     from esjax.rundir.directory import git_commit
 
     package = tmp_path / "site" / "esjax"
     package.mkdir(parents=True)
-    monkeypatch.setattr(esjax, "__file__", str(package / "__init__.py"))
-    assert git_commit() == {"commit": "unknown", "dirty": None}
+    assert git_commit(package) == {"commit": "unknown", "dirty": None}
 
 
 def test_constant_fitness_can_stop_the_run_with_a_final_eval_and_checkpoint(tmp_path, capsys):
