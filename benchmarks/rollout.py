@@ -38,6 +38,8 @@ Timings need an otherwise idle machine: the load average is printed with the res
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import sys
 import tempfile
@@ -53,14 +55,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import esjax.agent.scoring as scoring  # noqa: E402
-import esjax.train.trainer as driver  # noqa: E402
+import esjax.loop.generate as generate  # noqa: E402
+import esjax.train.parts as parts  # noqa: E402
+import esjax.train.session as session  # noqa: E402
 from esjax.agent.automaton import START, turn_ends  # noqa: E402
-from esjax.agent.lanes import DECODE_FIELDS  # noqa: E402
+from esjax.agent.lanes import DECODE_FIELDS, LanePrograms  # noqa: E402
+from esjax.agent.scoring import DEVICE_PROGRAMS as SCORING  # noqa: E402
+from esjax.agent.scoring import ScoringPrograms  # noqa: E402
 from esjax.config import load_config  # noqa: E402
 from esjax.loop.generate import GenerateEngine  # noqa: E402
 from esjax.loop.rollout import RolloutEngine, TickStats  # noqa: E402
 from esjax.rundir.machine import machine_info  # noqa: E402
+from esjax.train.hooks import Hooks  # noqa: E402
 
 #: A ~30M-parameter Qwen2-shaped model (random weights: the throughput, not the policy, is measured).
 MODEL_30M = {"model_type": "qwen2", "vocab_size": 4096, "hidden_size": 512, "intermediate_size": 1536,
@@ -79,7 +85,8 @@ TINY = ["model.source=random", "es.population=4", "schedule.slots=4", "env.tasks
 
 
 class Recorder:
-    """Counts policy-call shapes, keeps one example input per shape, sums ``TickStats`` of every tick."""
+    """Counts policy-call shapes, keeps one example input per shape, sums ``TickStats`` of every tick (an ``on_tick``
+    hook), and times the loop proper (the trainer's ``run``)."""
 
     def __init__(self) -> None:
         self.active = False
@@ -89,32 +96,18 @@ class Recorder:
         self.examples: dict[tuple, tuple] = {}
         self.compiled: set[tuple] = set()
         self.loop_seconds = self.loop_cpu_seconds = self.loop_thread_cpu_seconds = 0.0
+        self.last_perturbation = None
+        self.hooks = Hooks()
+        self.hooks.on_tick(self._ticked)
 
-    def install(self) -> None:
-        tick, program, prepare = RolloutEngine.tick, scoring._score_packed, scoring.prepare_jit
-        generate_tick = GenerateEngine.tick
-        run = driver.Trainer.run
+    def _ticked(self, trainer, tick) -> None:
+        if self.active:
+            self.ticks += 1
+            self.stats.add(tick.stats)
+
+    def programs(self) -> ScoringPrograms:
+        """The real scoring programs, recording each call's shape and one example input per shape."""
         recorder = self
-
-        def recorded_run(trainer, *args, **kwargs):
-            """The loop proper (ticks, updates, evaluations, checkpoints), without start-up and end-of-run files."""
-            start, start_cpu, start_thread = time.perf_counter(), time.process_time(), time.thread_time()
-            try:
-                return run(trainer, *args, **kwargs)
-            finally:
-                if recorder.active:
-                    recorder.loop_seconds += time.perf_counter() - start
-                    recorder.loop_cpu_seconds += time.process_time() - start_cpu
-                    recorder.loop_thread_cpu_seconds += time.thread_time() - start_thread
-
-        def recorded(tick):
-            def recorded_tick(engine, params_at):
-                finished, stats = tick(engine, params_at)
-                if recorder.active:
-                    recorder.ticks += 1
-                    recorder.stats.add(stats)
-                return finished, stats
-            return recorded_tick
 
         def recorded_program(config, params, prepared, *arrays):
             key = tuple(a.shape for a in arrays) + ((None if prepared is None else prepared.groups),)
@@ -122,23 +115,30 @@ class Recorder:
             if recorder.active:
                 recorder.shape_calls[key] += 1
                 recorder.examples.setdefault(key, (config, params, recorder.last_perturbation, arrays))
-            return program(config, params, prepared, *arrays)
+            return SCORING.score(config, params, prepared, *arrays)
 
         def recorded_prepare(perturbation, params):
             recorder.last_perturbation = perturbation
-            return prepare(perturbation, params)
+            return SCORING.prepare(perturbation, params)
 
-        RolloutEngine.tick, GenerateEngine.tick = recorded(tick), recorded(generate_tick)
-        driver.Trainer.run = recorded_run
-        scoring._score_packed = recorded_program
-        scoring.prepare_jit = recorded_prepare
-        self._program, self._prepare = program, prepare
-        self._originals = tick, generate_tick, run
+        return ScoringPrograms(score=recorded_program, prepare=recorded_prepare)
 
-    def uninstall(self) -> None:
-        """Put back what :meth:`install` replaced (a test process goes on scoring with the real programs)."""
-        RolloutEngine.tick, GenerateEngine.tick, driver.Trainer.run = self._originals
-        scoring._score_packed, scoring.prepare_jit = self._program, self._prepare
+    def trainer_class(self) -> type:
+        """The trainer with its ``run`` timed: the loop proper (ticks, updates, evaluations, checkpoints), without
+        start-up and end-of-run files."""
+        recorder = self
+
+        class TimedTrainer(session.Trainer):
+            def run(self, *args, **kwargs):
+                start, start_cpu, start_thread = time.perf_counter(), time.process_time(), time.thread_time()
+                try:
+                    return super().run(*args, **kwargs)
+                finally:
+                    if recorder.active:
+                        recorder.loop_seconds += time.perf_counter() - start
+                        recorder.loop_cpu_seconds += time.process_time() - start_cpu
+                        recorder.loop_thread_cpu_seconds += time.thread_time() - start_thread
+        return TimedTrainer
 
     def bare_seconds(self, key: tuple, repeats: int) -> float:
         """Median wall seconds of one shape's bare call (noise + program, inputs already on device)."""
@@ -146,8 +146,8 @@ class Recorder:
         arrays = [jax.device_put(a) for a in arrays]
 
         def call():
-            prepared = None if perturbation is None else self._prepare(perturbation, params)
-            return self._program(config, params, prepared, *arrays)
+            prepared = None if perturbation is None else SCORING.prepare(perturbation, params)
+            return SCORING.score(config, params, prepared, *arrays)
 
         jax.block_until_ready(call())
         times = []
@@ -156,6 +156,23 @@ class Recorder:
             jax.block_until_ready(call())
             times.append(time.perf_counter() - start)
         return float(np.median(times))
+
+
+@contextlib.contextmanager
+def built_with(recorder: Recorder, *, pipelined: bool = True, scoring: ScoringPrograms | None = None,
+               generate_engine: Any = None):
+    """Trainers built inside this block use ``recorder``'s timed trainer, score-mode engines with the given tick
+    (``pipelined``) and programs (default: the recorder's), and ``generate_engine`` (a factory taking the engine's
+    arguments; default: the pipelined or serial GenerateEngine with the real programs): the names the trainer's
+    parts are built from, put back afterwards."""
+    saved = session.Trainer, parts.RolloutEngine, generate.GenerateEngine
+    session.Trainer = recorder.trainer_class()
+    parts.RolloutEngine = functools.partial(RolloutEngine, pipelined=pipelined, programs=scoring or recorder.programs())
+    generate.GenerateEngine = generate_engine or functools.partial(GenerateEngine, pipelined=pipelined)
+    try:
+        yield
+    finally:
+        session.Trainer, parts.RolloutEngine, generate.GenerateEngine = saved
 
 
 class SimulatedDevice:
@@ -175,9 +192,9 @@ class SimulatedDevice:
         self.busy_seconds += cost
         return _SimulatedOutput(self, self.free_at, (rows, arrays[2].shape[1]))
 
-    def install(self) -> None:
-        scoring._score_packed = self.program
-        scoring.prepare_jit = lambda perturbation, params: None  # noise preparation is device work too
+    def programs(self) -> ScoringPrograms:
+        """The scoring programs of this device (noise preparation is device work too: nothing on the host)."""
+        return ScoringPrograms(score=self.program, prepare=lambda perturbation, params: None)
 
 
 class _SimulatedOutput:
@@ -270,56 +287,37 @@ class SimulatedLaneDevice(SimulatedDevice):
                                                 automaton.events(engine.max_new_tokens))
         return table.reshape(len(table), -1)
 
-    def install(self) -> None:
-        import esjax.agent.lanes as lanes
-        import esjax.loop.generate as generate
+    def lane_programs(self) -> LanePrograms:
+        """The decode lanes' programs of this device: prefill and decode as above; inserting rows, shifting the cache
+        and preparing noise are device work that costs the host nothing here."""
+        return LanePrograms(prefill=self.prefill, decode=self.decode,
+                            insert=lambda cache, k_new, v_new, mask, rows, cur, first: (cache, cur),
+                            shift=lambda cache, shift: cache, prepare=lambda perturbation, params: None)
 
-        self._originals = (lanes._prefill, lanes._insert, lanes._decode, lanes._shift, lanes.prepare_jit,
-                           generate.GenerateEngine.__init__)
-        init = generate.GenerateEngine.__init__
+    def engine_factory(self, pipelined: bool) -> Any:
+        """Builds the run's GenerateEngine on this device's programs, learning the reply's tokens (the run's
+        tokenizer) before and the engine (its automaton) after."""
         device = self
 
-        def hooked_init(engine, pool, agent, *args, **kwargs):
+        def build(pool, agent, *args, **kwargs):
             device.reply_ids = np.asarray(agent.tokenizer.encode(device.reply, add_special_tokens=False).ids)
-            init(engine, pool, agent, *args, **kwargs)
-            device.engine = engine
-
-        lanes._prefill, lanes._decode = self.prefill, self.decode
-        lanes._insert = lambda cache, k_new, v_new, mask, rows, cur, first: (cache, cur)
-        lanes._shift = lambda cache, shift: cache
-        lanes.prepare_jit = lambda perturbation, params: None  # noise preparation is device work too
-        generate.GenerateEngine.__init__ = hooked_init
-
-    def uninstall(self) -> None:
-        import esjax.agent.lanes as lanes
-        import esjax.loop.generate as generate
-
-        (lanes._prefill, lanes._insert, lanes._decode, lanes._shift, lanes.prepare_jit,
-         generate.GenerateEngine.__init__) = self._originals
+            device.engine = GenerateEngine(pool, agent, *args, pipelined=pipelined,
+                                           lane_programs=device.lane_programs(), **kwargs)
+            return device.engine
+        return build
 
 
 def measure_simulated(config_path: str, overrides: list[str], milliseconds_per_row: float,
                       pipelined: bool = True) -> dict[str, Any]:
     """The loop against a simulated device (see the module docstring): loop/floor and host µs per env step, with
     the pipelined tick or the serial one (``RolloutEngine(pipelined=False)``)."""
-    import functools
-
-    import esjax.train.parts as parts
-
     recorder = Recorder()
-    recorder.install()
     device = SimulatedDevice(milliseconds_per_row / 1000)
-    device.install()
-    engine = parts.RolloutEngine
-    parts.RolloutEngine = functools.partial(RolloutEngine, pipelined=pipelined)
-    try:
-        run_config(config_path, overrides)  # warm-up: compiles the update and evaluation programs
+    with built_with(recorder, pipelined=pipelined, scoring=device.programs()):
+        run_config(config_path, overrides, recorder.hooks)  # warm-up: compiles the update and evaluation programs
         device.busy_seconds = device.waited_seconds = 0.0
         recorder.active = True
-        result = run_config(config_path, overrides)
-    finally:
-        recorder.uninstall()
-        parts.RolloutEngine = engine
+        result = run_config(config_path, overrides, recorder.hooks)
     s, steps = recorder.stats, max(recorder.stats.rows, 1)
     model_host = s.model_s - device.waited_seconds
     per_step = {"prepare": s.prepare_s, "model (host part)": model_host, "env": s.env_s,
@@ -343,28 +341,16 @@ def measure_simulated_generate(config_path: str, overrides: list[str], milliseco
                                milliseconds_per_step: float, reply: str, pipelined: bool = True) -> dict[str, Any]:
     """Generate mode against :class:`SimulatedLaneDevice`: loop/floor and the loop thread's CPU per decode call and
     per decode step, with the pipelined tick or the serial one (``GenerateEngine(pipelined=False)``)."""
-    import functools
-
-    import esjax.loop.generate as generate
-
     recorder = Recorder()
     recorder.stats = generate.GenTickStats()  # generate mode's ticks count lanes, rows and steps too
-    recorder.install()
     device = SimulatedLaneDevice(milliseconds_per_row / 1000, milliseconds_per_step / 1000, reply)
-    device.install()
-    engine = generate.GenerateEngine
-    generate.GenerateEngine = functools.partial(engine, pipelined=pipelined)
-    try:
-        run_config(config_path, overrides)  # warm-up: compiles the update programs
+    with built_with(recorder, generate_engine=device.engine_factory(pipelined)):
+        run_config(config_path, overrides, recorder.hooks)  # warm-up: compiles the update programs
         device.busy_seconds = device.waited_seconds = 0.0
         device.decode_calls = device.decode_steps = device.prefill_rows = 0
         device.decode_cpu_seconds = 0.0
         recorder.active = True
-        result = run_config(config_path, overrides)
-    finally:
-        generate.GenerateEngine = engine
-        recorder.uninstall()
-        device.uninstall()
+        result = run_config(config_path, overrides, recorder.hooks)
     s, calls, steps = recorder.stats, max(device.decode_calls, 1), max(device.decode_steps, 1)
     return {
         "config": config_path, "overrides": overrides, "machine": machine_info(), "mode": "generate",
@@ -439,12 +425,10 @@ def _simulated_floor(r: dict[str, Any]) -> str:
             f"of {r['loop_seconds']:.1f} s; the loop waited for it {r['waited_seconds']:.1f} s)")
 
 
-def run_config(config_path: str, overrides: list[str]) -> Any:
-    from esjax.train.session import train
-
+def run_config(config_path: str, overrides: list[str], hooks: Hooks | None = None) -> Any:
     config = load_config(config_path, overrides)
     with tempfile.TemporaryDirectory() as tmp:
-        return train(config, Path(tmp) / "run")
+        return session.train(config, Path(tmp) / "run", hooks=hooks)
 
 
 def _progress(began: float, message: str) -> None:
@@ -455,24 +439,21 @@ def _progress(began: float, message: str) -> None:
 def measure(config_path: str, overrides: list[str], repeats: int = 5) -> dict[str, Any]:
     began = time.perf_counter()
     recorder = Recorder()
-    recorder.install()
-    try:
+    with built_with(recorder):
         _progress(began, "warm-up run (compiles every program)")
         start = time.perf_counter()
-        run_config(config_path, overrides)  # warm-up: compiles every program of this run
+        run_config(config_path, overrides, recorder.hooks)  # warm-up: compiles every program of this run
         warm_seconds = time.perf_counter() - start
         programs = len(recorder.compiled)
         _progress(began, f"timed run ({programs} programs compiled)")
         recorder.active = True
         start, start_cpu = time.perf_counter(), time.process_time()
-        result = run_config(config_path, overrides)
+        result = run_config(config_path, overrides, recorder.hooks)
         job_seconds, job_cpu = time.perf_counter() - start, time.process_time() - start_cpu
         recorder.active = False
         loop_seconds, loop_cpu = recorder.loop_seconds, recorder.loop_cpu_seconds
-        _progress(began, f"floor: {len(recorder.shape_calls)} shapes' bare programs, {repeats} repeats each")
-        floor = sum(n * recorder.bare_seconds(key, repeats) for key, n in recorder.shape_calls.items())
-    finally:
-        recorder.uninstall()
+    _progress(began, f"floor: {len(recorder.shape_calls)} shapes' bare programs, {repeats} repeats each")
+    floor = sum(n * recorder.bare_seconds(key, repeats) for key, n in recorder.shape_calls.items())
     s = recorder.stats
     evals = [r for r in result.records if r.get("kind") == "eval"]
     return {

@@ -30,21 +30,23 @@ from crash_rerun import pytest_terminal_summary, pytest_xdist_make_scheduler  # 
 
 REPO = Path(__file__).resolve().parents[1]
 
-# A persistent XLA compilation cache for the child processes the tests start: the suite compiles the same small
-# programs in many short-lived processes (CLI runs, simulated-device meshes); reusing them cuts its wall time
-# severalfold. The test processes themselves (the pytest-xdist workers) neither read nor write it: a long-lived
-# worker that loads a cached executable can abort inside XLA (seen on 6 Dec 2026 with jax 0.10.2: SIGABRT in
-# compilation_cache.get_executable_and_time, not reproducible alone), and a dead worker can hang the whole run
-# (stop 48's CI), while a child that dies fails only its own test, with its output.
+# A persistent XLA compilation cache shared by the test processes (the pytest-xdist workers) and the child processes
+# tests start: the suite compiles the same small programs in many processes (workers, CLI runs, simulated-device
+# meshes), and a program compiled once is loaded from disk everywhere else. Workers used to run without it (6 Dec
+# 2026, jax 0.10.2: a worker aborted once inside XLA loading a cached executable, and a dead worker hung the run);
+# since a crashed test runs again in a fresh worker (crash_rerun.py) and nothing hangs, the cache is on for workers
+# too (issue 59: measured in README's Development section). ``ESJAX_TEST_XLA_CACHE=off`` turns it off for the
+# workers.
 _CACHE = Path(os.environ.get("ESJAX_TEST_XLA_CACHE", Path(tempfile.gettempdir()) / "esjax-test-xla-cache"))
 _CACHE_SETTINGS = {
     "JAX_COMPILATION_CACHE_DIR": str(_CACHE),
-    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5",
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.2",
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
 }
 for _key, _value in _CACHE_SETTINGS.items():
     os.environ.setdefault(_key, _value)  # the folder stays set so an in-process run never picks ~/.cache/esjax/xla
-os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"  # this process only: subprocess_env passes no other JAX_* key
+if os.environ.get("ESJAX_TEST_XLA_CACHE") == "off":
+    os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"  # this process only: subprocess_env passes no other JAX_*
 
 #: XLA CPU flags that roughly halve compile time of the multi-device scripts (results unchanged there).
 FAST_XLA = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
@@ -137,14 +139,28 @@ def free_test_memory() -> None:
         ctypes.CDLL(None).malloc_trim(0)  # glibc keeps freed arenas mapped otherwise
 
 
+def resident_bytes() -> int:
+    """This process's resident memory now (0 where /proc is not there)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+#: A worker drops its compiled programs after a module only once it holds more than this much memory.
+RESIDENT_LIMIT = float(os.environ.get("ESJAX_TEST_RESIDENT_GB", "2.5")) * 2**30
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _free_memory_after_each_module():
     """A worker runs a few hundred tests, and every module's compiled programs stayed in its caches: its memory only
-    grew, to 4.2 GB by the end of the suite (3 workers, session 24), and the last CI run died of a MemoryError in a
-    worker (stop 49). Five heavy modules in one process: 3.2 GB without this, 0.6 GB with it, same wall time (the
-    modules share few programs)."""
+    grew, to 4.2 GB by the end of the suite (3 workers, session 24), and a CI run died of a MemoryError in a worker
+    (stop 49). Clearing after every module cost a recompile of every program the next module shares (the same small
+    models, the same update programs), so a worker now clears only past :data:`RESIDENT_LIMIT`; recompiles after a
+    clear mostly come from the persistent cache."""
     yield
-    free_test_memory()
+    if resident_bytes() > RESIDENT_LIMIT:
+        free_test_memory()
 
 
 def subprocess_env(*, devices: int | None = None, fast: bool = False, xla_flags: str = "",

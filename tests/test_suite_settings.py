@@ -6,10 +6,14 @@ import jax
 from conftest import _CACHE, subprocess_env
 
 
-def test_workers_compile_without_the_persistent_cache_and_children_with_it():
-    """A test process never loads a cached executable (an abort inside XLA there kills the worker and can hang
-    pytest-xdist); the child processes tests start share the cache folder."""
-    assert jax.config.jax_enable_compilation_cache is False
+def test_workers_and_children_share_the_persistent_cache():
+    """The test processes and the child processes tests start compile into one cache folder (a crash while loading a
+    cached executable costs one rerun of that test: crash_rerun.py); ``ESJAX_TEST_XLA_CACHE=off`` turns it off for
+    the workers."""
+    import os
+
+    assert jax.config.jax_enable_compilation_cache is (os.environ.get("ESJAX_TEST_XLA_CACHE") != "off")
+    assert jax.config.jax_compilation_cache_dir == str(_CACHE)
     env = subprocess_env(devices=2)
     assert env["JAX_COMPILATION_CACHE_DIR"] == str(_CACHE) and "JAX_ENABLE_COMPILATION_CACHE" not in env
 
@@ -19,10 +23,12 @@ def test_a_hung_test_fails_after_the_suite_timeout(pytestconfig):
     assert pytestconfig.getini("timeout") and float(pytestconfig.getini("timeout")) >= 600
 
 
-def test_compiled_programs_are_dropped_between_modules():
-    """What runs after every test module (tests/conftest.py) empties JAX's compiled-program caches, so a worker's
-    memory does not grow with the number of modules it has run."""
-    from conftest import free_test_memory
+def test_compiled_programs_are_dropped_when_a_worker_grows():
+    """What runs after a test module once the worker holds more than ``RESIDENT_LIMIT`` (tests/conftest.py) empties
+    JAX's compiled-program caches, so a worker's memory does not grow with the number of modules it has run."""
+    from conftest import RESIDENT_LIMIT, free_test_memory, resident_bytes
+
+    assert 0 < resident_bytes() < 64 * 2**30 and RESIDENT_LIMIT > 0
 
     square = jax.jit(lambda x: x * x)
     square(3.0)

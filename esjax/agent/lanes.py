@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -240,6 +240,25 @@ class RowState:
     choices: Sequence[Sequence[int]] | None = None  # a constrained turn: the token ids of every reply it allows
 
 
+@dataclasses.dataclass(frozen=True)
+class LanePrograms:
+    """What a lane runs on the device: ``prefill`` (prompts into new rows' caches, their first tokens), ``insert``
+    (those rows into the lane's cache), ``decode`` (``steps`` tokens of every live row, their automaton states and
+    turn ends), ``shift`` (the cache moved left to make room) and ``prepare`` (the rows' noise factors). The real
+    programs by default; a stand-in for a device (``benchmarks/rollout.py``'s simulated accelerator) replaces them,
+    and the lane's host bookkeeping runs as it is."""
+
+    prefill: Callable[..., Any] = _prefill
+    insert: Callable[..., Any] = _insert
+    decode: Callable[..., Any] = _decode
+    shift: Callable[..., Any] = _shift
+    prepare: Callable[..., Any] = prepare_jit
+
+
+#: the real programs
+DEVICE_PROGRAMS = LanePrograms()
+
+
 class Lane:
     """A KV cache of ``rows`` rows and ``length`` slots for one θ (see the module docstring).
 
@@ -260,8 +279,10 @@ class Lane:
                "perturbed": bool}
 
     def __init__(self, config: ModelConfig, rows: int, length: int, dtype: Any, sampling: Sampling,
-                 turns: jax.Array | None = None, events: TurnEvents | None = None):
+                 turns: jax.Array | None = None, events: TurnEvents | None = None,
+                 programs: LanePrograms = DEVICE_PROGRAMS):
         self.config = config
+        self.programs = programs
         self.length = length
         self.dtype = dtype
         self.sampling = sampling
@@ -332,7 +353,7 @@ class Lane:
                       ) -> Prepared | None:
         if noise is None or not np.any(perturbed):
             return None
-        return prepare_jit(Perturbation.create(noise, sigma, versions, indices, perturbed), params)
+        return self.programs.prepare(Perturbation.create(noise, sigma, versions, indices, perturbed), params)
 
     def _make_room(self, prompt_len: int, steps: int, starting: Sequence[int] = ()) -> None:
         """Shift the cache so the write slot is at least ``prompt_len`` and ``steps`` more slots fit."""
@@ -346,7 +367,7 @@ class Lane:
             raise RuntimeError(f"decode lane of {self.length} slots cannot hold a {prompt_len}-token prompt and "
                                f"{steps} steps beside rows spanning {self.index - (first or 0)} slots")
         if shift:
-            self.cache = _shift(self.cache, jnp.int32(shift))
+            self.cache = self.programs.shift(self.cache, jnp.int32(shift))
             self.index -= shift
             self.row["start"][self.row["live"]] -= shift
 
@@ -384,10 +405,11 @@ class Lane:
             part = slice(at, at + chunk)
             prepared = self._perturbation(noise, sigma, params, versions[part], indices[part], perturbed[part])
             part_choices, part_alive = (None, None) if choices is None else (choices[part], alive[part])
-            k_new, v_new, first, part_alive = _prefill(self.config, self.sampling, params, prepared, tokens[part],
-                                                       mask[part], lo[part], hi[part], counts[part], greedy[part],
-                                                       part_choices, part_alive)
-            self.cache, self._cur = _insert(self.cache, k_new, v_new, mask[part], into[part], self._cur, first)
+            k_new, v_new, first, part_alive = self.programs.prefill(
+                self.config, self.sampling, params, prepared, tokens[part], mask[part], lo[part], hi[part],
+                counts[part], greedy[part], part_choices, part_alive)
+            self.cache, self._cur = self.programs.insert(self.cache, k_new, v_new, mask[part], into[part], self._cur,
+                                                         first)
             if self.choices is not None:
                 if part_choices is None:  # free turns only: clear what earlier turns of these rows left
                     part_choices = np.full((chunk, *self.choices.shape[1:]), -1, np.int32)
@@ -453,9 +475,9 @@ class Lane:
             fields[i] = row[name]
         fields[7] = 0 if states is None else states
         row["fresh"][:] = False
-        self.cache, self._cur, out, self.alive = _decode(self.config, self.sampling, params, self._prepared,
-                                                         self.cache, self._cur, fields, self.choices, self.alive,
-                                                         self.turns, self.events, steps=steps)
+        self.cache, self._cur, out, self.alive = self.programs.decode(
+            self.config, self.sampling, params, self._prepared, self.cache, self._cur, fields, self.choices,
+            self.alive, self.turns, self.events, steps=steps)
         self.index += steps
         np.add(self._packed[:2], steps, out=self._packed[:2], where=row["live"])  # pos, count
         return out

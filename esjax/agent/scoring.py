@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import jax
@@ -149,11 +149,29 @@ class PendingScores:
         return scores
 
 
+@dataclasses.dataclass(frozen=True)
+class ScoringPrograms:
+    """What a scoring call runs on the device: ``prepare(perturbation, params)`` (the rows' noise factors, once per
+    call) and ``score(config, params, prepared, p_tok, p_mask, c_tok, c_seg, c_off)`` (the packed-candidate program,
+    whose output :class:`PendingScores` reads). The real programs by default; a stand-in for a device (the
+    simulated accelerator of ``benchmarks/rollout.py``) or a recorder of call shapes replaces them, and everything
+    around the call (padding, bucketing, reading the scores) runs as it is."""
+
+    score: Callable[..., Any] = _score_packed
+    prepare: Callable[..., Any] = prepare_jit
+
+
+#: the real programs
+DEVICE_PROGRAMS = ScoringPrograms()
+
+
 def dispatch_scores(config: ModelConfig, params: Any, prompt_ids: Sequence[Sequence[int]],
                     candidate_ids: Sequence[Sequence[Sequence[int]]], perturbation: Perturbation | None = None, *,
                     buckets: Buckets = DEFAULT_BUCKETS, prefix_cache: bool = True,
-                    norm: ScoreNorm = "sum") -> PendingScores:
+                    norm: ScoreNorm = "sum", programs: ScoringPrograms = DEVICE_PROGRAMS) -> PendingScores:
     """:func:`score_candidates` without waiting: pads, dispatches the program and returns its pending scores.
+    ``programs``: what runs on the device (:class:`ScoringPrograms`; the full-sequence reference always runs the
+    real one).
 
     ``PendingScores.shape`` holds the padded call shape (``rows``, ``prompt_len``, ``candidate_len``: the
     packed candidate tokens per row, or candidates × longest candidate for the full-sequence reference) and
@@ -179,10 +197,10 @@ def dispatch_scores(config: ModelConfig, params: Any, prompt_ids: Sequence[Seque
     plen = buckets.length(max(len(p) for p in prompt_ids))
     p_tok, p_mask = left_pad(prompt_ids, rows_b, plen)
     pert = pad_perturbation(perturbation, rows, rows_b)
-    prepared = None if pert is None else prepare_jit(pert, params)
+    prepared = None if pert is None else programs.prepare(pert, params)
     if prefix_cache:
         c_tok, c_seg, c_off = pack_candidates(candidate_ids, cand_lengths, rows_b, buckets)
-        arrays, fn = (p_tok, p_mask, c_tok, c_seg, c_off), _score_packed
+        arrays, fn = (p_tok, p_mask, c_tok, c_seg, c_off), programs.score
         cand_tokens = c_tok.shape[1]
     else:
         k_b = buckets.candidate(max(max(len(c) for c in cand_lengths), 1))

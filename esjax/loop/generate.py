@@ -48,7 +48,16 @@ import numpy as np
 
 from esjax.agent.automaton import ASKING, COMPLETE, LOOK, OVER, UNKNOWN, TurnAutomaton
 from esjax.agent.buckets import next_power_of_two
-from esjax.agent.lanes import PREFILL_BUCKETS, Lane, RowState, Sampling, decoded_parts, split_seed
+from esjax.agent.lanes import (
+    DEVICE_PROGRAMS,
+    PREFILL_BUCKETS,
+    Lane,
+    LanePrograms,
+    RowState,
+    Sampling,
+    decoded_parts,
+    split_seed,
+)
 from esjax.es.noise import NoiseSpec
 from esjax.loop.protocols import EnvPool, GeneratingAgent
 from esjax.loop.rollout import Episode, EpisodeKind, RolloutEngine, TickStats, restore_arguments
@@ -175,14 +184,18 @@ class GenerateEngine(RolloutEngine):
         their next prompts on the host worker thread while the loop's thread reads the next lanes (False: every
         ended row steps at the end of the tick, on the loop's thread). The same env steps, prompts and tokens
         either way, so runs are identical; the overlap grows with the versions live at once.
+      lane_programs: what the decode lanes run on the device (:class:`~esjax.agent.lanes.LanePrograms`): the real
+        programs, or a stand-in such as ``benchmarks/rollout.py``'s simulated accelerator.
     """
 
     def __init__(self, pool: EnvPool, agent: GeneratingAgent, model_config: ModelConfig, noise: NoiseSpec,
                  sigma_at: Callable[[int], float], max_steps: int, sampling: Sampling, max_new_tokens: int,
                  decode_steps: int = 1, max_prompt_tokens: int = 1024, step_timeout: float | None = None,
-                 pipelined: bool = True, unperturbed_turns: int = 0):
+                 pipelined: bool = True, unperturbed_turns: int = 0,
+                 lane_programs: LanePrograms = DEVICE_PROGRAMS):
         super().__init__(pool, agent, model_config, noise, sigma_at, max_steps, sampling.temperature,
                          step_timeout=step_timeout, pipelined=pipelined)
+        self.lane_programs = lane_programs
         if max_new_tokens < 1 or decode_steps < 1:
             raise ValueError(f"generate: need max_new_tokens >= 1 and decode_steps >= 1, got {max_new_tokens}, "
                              f"{decode_steps}")
@@ -265,7 +278,7 @@ class GenerateEngine(RolloutEngine):
         lane = self.lanes.get(version)
         if lane is None:
             lane = Lane(self.model_config, next_power_of_two(max(rows, 1)), self.lane_length, dtype, self.sampling,
-                        self._turns, self.automaton.events(self.max_new_tokens))
+                        self._turns, self.automaton.events(self.max_new_tokens), self.lane_programs)
             self.lanes[version] = lane
             self.turn_tokens[version] = TurnTokens(lane.rows, 2 * (self.max_new_tokens + self.decode_steps + 1),
                                                    self.automaton.hole)  # a hole at most per token taken

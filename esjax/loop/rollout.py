@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from esjax.agent.buckets import Buckets
-from esjax.agent.scoring import dispatch_scores
+from esjax.agent.scoring import DEVICE_PROGRAMS, ScoringPrograms, dispatch_scores
 from esjax.es.noise import NoiseSpec
 from esjax.loop.protocols import EnvPool, ScoringAgent
 from esjax.loop.tasks import hash_ints
@@ -208,12 +208,15 @@ class RolloutEngine:
         actions and env steps as in the serial tick (False: one env step of all rows after every call is read,
         on the loop's thread), so runs are identical either way; only the number of ``pool.step`` calls per tick
         grows.
+      programs: what a policy call runs on the device (:class:`~esjax.agent.scoring.ScoringPrograms`): the real
+        programs, or a stand-in such as ``benchmarks/rollout.py``'s simulated accelerator.
     """
 
     def __init__(self, pool: EnvPool, agent: ScoringAgent, model_config: ModelConfig, noise: NoiseSpec,
                  sigma_at: Callable[[int], float], max_steps: int, temperature: float = 1.0,
                  buckets: Buckets = ROLLOUT_BUCKETS, step_timeout: float | None = None,
-                 max_call_rows: int | None = None, pipelined: bool = True):
+                 max_call_rows: int | None = None, pipelined: bool = True,
+                 programs: ScoringPrograms = DEVICE_PROGRAMS):
         self.pool = pool
         self.agent = agent
         self.model_config = model_config
@@ -227,6 +230,7 @@ class RolloutEngine:
             max_call_rows = MAX_CALL_ROWS_CPU if jax.default_backend() == "cpu" else MAX_CALL_ROWS
         self.max_call_rows = max_call_rows
         self.pipelined = pipelined
+        self.programs = programs
         self.free_rows: list[int] = list(range(len(pool)))[::-1]
         self.live: dict[int, Episode] = {}
         self._next_inputs: dict[int, tuple[Episode, tuple]] = {}  # row -> (episode, its next step's inputs)
@@ -340,7 +344,7 @@ class RolloutEngine:
                 self.noise, self.sigma_at(version), [e.version for e in group], [e.index for e in group],
                 [e.kind == "train" for e in group])
             call = dispatch_scores(self.model_config, params_at(version), prompts, cand_ids, perturbation,
-                                   buckets=self.buckets, norm=self.agent.score_norm)
+                                   buckets=self.buckets, norm=self.agent.score_norm, programs=self.programs)
             pending.append((group, call))
             stats.calls += 1
             stats.model_rows += len(group)

@@ -34,11 +34,12 @@ def test_rollout_benchmark_quick(tmp_path):
 
 @pytest.mark.slow
 def test_simulated_device_runs_the_loops_host_work_and_leaves_the_real_programs_in_place():
-    import esjax.agent.scoring as scoring
+    import esjax.train.parts as parts
+    import esjax.train.session as session
     from esjax.loop.rollout import RolloutEngine
 
     module = _benchmark()
-    program, tick = scoring._score_packed, RolloutEngine.tick
+    trainer = session.Trainer
     result = module.main(["--quick", "--config", str(ROOT / "configs" / "synthetic.yaml"), "--simulate-device", "2"])
     assert result["env_steps"] > 0 and result["calls"] > 0 and result["padded_rows"] >= result["calls"]
     # the device is busy exactly 2 ms per padded row, and the loop cannot finish before it
@@ -53,16 +54,15 @@ def test_simulated_device_runs_the_loops_host_work_and_leaves_the_real_programs_
     assert 0 < result["loop_thread_us_per_env_step"] < result["host_us_per_env_step"]
     assert result["pipelined"] and not result["serial"]["pipelined"]
     assert result["serial"]["env_steps"] == result["env_steps"]  # the same run, serial and pipelined
-    assert scoring._score_packed is program and RolloutEngine.tick is tick
+    assert parts.RolloutEngine is RolloutEngine and session.Trainer is trainer  # the trainer's names put back
 
 
 @pytest.mark.slow
 def test_simulated_device_in_generate_mode_writes_replies_that_step_the_env():
-    import esjax.agent.lanes as lanes
+    import esjax.loop.generate as generate
     from esjax.loop.generate import GenerateEngine
 
     module = _benchmark()
-    programs = (lanes._prefill, lanes._decode, lanes._insert, lanes._shift, lanes.prepare_jit, GenerateEngine.__init__)
     result = module.main(["--quick", "--config", str(ROOT / "configs" / "generate-tiny.yaml"),
                           "--simulate-device", "1", "--decode-ms", "0.5", "--reply", "click[buy now]"])
     assert result["mode"] == "generate" and result["decode_calls"] > 0 and result["prefill_rows"] > 0
@@ -75,5 +75,4 @@ def test_simulated_device_in_generate_mode_writes_replies_that_step_the_env():
     serial = result["serial"]  # the same run with the serial tick: the same work
     assert result["pipelined"] and not serial["pipelined"]
     assert (serial["env_steps"], serial["decode_steps"]) == (result["env_steps"], result["decode_steps"])
-    assert (lanes._prefill, lanes._decode, lanes._insert, lanes._shift, lanes.prepare_jit,
-            GenerateEngine.__init__) == programs  # the real programs are back
+    assert generate.GenerateEngine is GenerateEngine  # the trainer builds the real engine again

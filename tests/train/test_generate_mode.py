@@ -469,9 +469,10 @@ def test_stale_members_generate_with_their_own_versions_parameters(tmp_path, mon
     assert any(v < current for (v,), _, _, current in calls), "no stale row: nothing was checked"
 
 
-def resumes_are_bit_identical(reference, records, tmp_path) -> None:
-    """The finished run ``reference``, killed after each of its checkpoints but the last and resumed, ends with
-    the same θ, the same records (``records``: the reference's, untimed) and the same trace files."""
+def resumes_are_bit_identical(reference, records, tmp_path, steps: list[int] | None = None) -> None:
+    """The finished run ``reference``, killed after each of its checkpoints but the last (or after each of
+    ``steps``) and resumed, ends with the same θ, the same records (``records``: the reference's, untimed) and the
+    same trace files."""
     from conftest import same_bits
     from run_settings import read_records
     from test_trainer_resume import _steps, killed_after
@@ -480,7 +481,7 @@ def resumes_are_bit_identical(reference, records, tmp_path) -> None:
     from esjax.rundir.metrics import untimed
     from esjax.train.session import train
 
-    for step in _steps(reference.run_dir)[:-1]:
+    for step in _steps(reference.run_dir)[:-1] if steps is None else steps:
         run_dir = killed_after(reference.run_dir, step, tmp_path / f"from-{step}")
         resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
         assert same_bits(resumed.params, reference.params)
@@ -518,14 +519,16 @@ def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch, constra
     assert reference.version == 3
     assert all(r["invalid_actions"] > 0 for r in records if r["kind"] in ("update", "eval"))
     steps = _steps(reference.run_dir)
-    partial = [e for s in steps for e in read_loop_state(reference.run_dir, s)["episodes"] if e["partial"]]
+    partial = [s for s in steps[:-1] if any(e["partial"] for e in read_loop_state(reference.run_dir, s)["episodes"])]
     assert partial, "no checkpoint caught a reply in progress: the test would not exercise the re-prefill"
-    resumes_are_bit_identical(reference, records, tmp_path)
+    # from every checkpoint once (free replies); constrained, from the first that holds a reply in progress
+    resumes_are_bit_identical(reference, records, tmp_path, None if constrain == "none" else partial[:1])
 
 
 def test_resume_of_generate_yaml_is_bit_identical_with_webshops_own_reward(tmp_path):
     """configs/generate.yaml's policy earns WebShop's real reward, so θ moves without any patched reward; a run
-    killed after any of its checkpoints and resumed still ends bit-identical (θ, records, traces)."""
+    killed after a checkpoint and resumed still ends bit-identical (θ, records, traces). Resumes from every
+    checkpoint are the free-reply test's (above); here from the middle one."""
     from conftest import theta_moved
     from run_settings import read_records
 
@@ -540,7 +543,7 @@ def test_resume_of_generate_yaml_is_bit_identical_with_webshops_own_reward(tmp_p
     records = untimed(read_records(reference.run_dir))
     assert theta_moved(records)
     assert any(r["fitness_max"] > 0 for r in records if r["kind"] == "update")  # a real purchase's reward
-    resumes_are_bit_identical(reference, records, tmp_path)
+    resumes_are_bit_identical(reference, records, tmp_path, [2])
 
 
 def test_cli_runs_generate_tiny_end_to_end(tmp_path, capsys):
