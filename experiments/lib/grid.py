@@ -25,8 +25,8 @@ Every other cell is **ours** (our own definitions, not the paper's):
 * ``async-K2``: saturated natural asynchrony with lag bound K = 2;
 * ``extreme-lag``: a quarter of the members held back by a lag drawn in 1 … max_lag.
 
-The three "ours" cells that coincide with a paper cell are skipped when ``--cells`` is not given (they would
-repeat the paper cell's runs exactly); name them in ``--cells`` to run them anyway.
+The three "ours" cells that coincide with a paper cell are left out of ``select_cells(None)`` (the grid's default
+when ``--cells`` is not given: they would repeat the paper cell's runs exactly); name them to run them anyway.
 
 Every (cell, seed) is one trainer run in ``OUT/<data>/<cell>/seed<s>/`` (``run_dir_of``); a run is finished when its
 directory has ``summary.md``. The settings of each preset are in ``PRESETS``; a run's exact resolved config is in

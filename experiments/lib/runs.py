@@ -25,6 +25,7 @@ from esjax.rundir.metrics_schema import cohort_lags
 from esjax.rundir.stats import holm, mean_interval, paired_test, verdict
 from experiments.lib.grid import all_cells
 
+#: The defaults of a comparison (the grid report's --margin and --alpha; the pre-registered study fixes its own).
 DEFAULT_MARGIN = 3.0
 DEFAULT_ALPHA = 0.05
 #: The two endpoints of a comparison, both in points of score (so one margin serves both).
