@@ -12,22 +12,19 @@ Before any step, the cohort itself says whether its ranking can generalize: the 
 correlation, over antithetic pairs, of the pair's fitness difference on the first and on the second half of the
 goals (near 0: the members differ only on the goals they happened to draw). ``--etas ''`` measures only that.
 
-    python experiments/es_direction_probe.py --scope norms --sigma 0.1 --etas 0.05,0.1,0.2 --out FILE.jsonl
+    python -m experiments.es_direction_probe --scope norms --sigma 0.1 --etas 0.05,0.1,0.2 --out FILE.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from experiments.lib import REPO
 
 #: The scopes tried (``Scope`` kind and include patterns, as in a config's ``es.scope`` / ``es.include``).
 SCOPES = {"kernels": ("matrices", (r"/kernel$",)), "norms": ("all", (r"norm/scale$",)),
@@ -39,7 +36,7 @@ SCOPES = {"kernels": ("matrices", (r"/kernel$",)), "norms": ("all", (r"norm/scal
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--policy", default=str(ROOT / "esjax/assets/generate_policy"), help="HF folder of the policy")
+    p.add_argument("--policy", default=str(REPO / "esjax/assets/generate_policy"), help="HF folder of the policy")
     p.add_argument("--scope", choices=sorted(SCOPES), default="kernels")
     p.add_argument("--sigma", type=float, default=0.01)
     p.add_argument("--mode", choices=("lowrank", "full"), default="lowrank", help="members' noise (es.mode)")
@@ -72,7 +69,7 @@ def main(argv=None) -> None:
     from esjax.es.shaping import centered_ranks
     from esjax.es.step import ESConfig, es_gradient
     from esjax.loop.generate import GenerateEngine
-    from experiments.pretrain_generate_policy import (
+    from experiments.lib.pretrain import (
         CATALOG_SEED,
         DATA,
         MAX_PROMPT_TOKENS,

@@ -11,7 +11,7 @@ WebShop's seed-233 order) with the same step cap (15, as ReAct and verl-agent):
 - with ``--runs DIR ...``: each ES run's first and last evaluation (read from its metrics.jsonl; the run must
   have evaluated the same goals), and the paired before → after difference over the runs.
 
-    python experiments/eval_real_webshop.py --runs runs/default-s0 runs/default-s1 runs/default-s2 \\
+    python -m experiments.eval_real_webshop --runs runs/default-s0 runs/default-s1 runs/default-s2 \\
         --markdown experiments/results/webshop_baselines.md
 """
 
@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from esjax.rundir.stats import mean_interval
 
 
 def run_label(run_dir: Path) -> str:
@@ -46,19 +43,6 @@ def run_evals(run_dir: Path) -> tuple[dict, dict]:
     if not evals:
         raise SystemExit(f"{run_dir}: no evaluation records in metrics.jsonl")
     return min(evals, key=lambda r: r["version"]), max(evals, key=lambda r: r["version"])
-
-
-def paired_interval(deltas: list[float], level: float = 0.95) -> tuple[float, float, float]:
-    """Mean and two-sided t interval of paired differences."""
-    from scipy import stats
-
-    n = len(deltas)
-    mean = sum(deltas) / n
-    if n < 2:
-        return mean, float("nan"), float("nan")
-    sd = math.sqrt(sum((d - mean) ** 2 for d in deltas) / (n - 1))
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
-    return mean, mean - half, mean + half
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -107,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = {"data": str(args.data), "split": args.split, "goals": len(goals), "max_steps": args.max_steps,
            "rows": rows, "machine": machine_info()}
     if deltas:
-        mean, lo, hi = paired_interval(deltas)
+        mean, lo, hi = mean_interval(deltas)
         out["es_delta"] = {"per_run": deltas, "mean": mean, "ci95": [lo, hi]}
     lines = [f"{len(goals)} {args.split} goals of {args.data}, at most {args.max_steps} steps "
              "(score = 100 × mean reward, success = share of reward 1.0)", "",

@@ -14,7 +14,7 @@ ES can only move what the policy can already represent. This script measures, on
   page that has a named value, how often the policy's best option is a named one, against chance
   (named / all option values on those pages).
 
-    python experiments/headroom.py --goals 500 --markdown experiments/results/headroom.md
+    python -m experiments.headroom --goals 500 --markdown experiments/results/headroom.md
 """
 
 from __future__ import annotations
@@ -22,19 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from envs.webshop_bridge.policies import instruction_words, names_value  # noqa: E402
-from esjax.agent.webshop import WebShopAgent  # noqa: E402
-from esjax.loop.rollout import RolloutEngine  # noqa: E402
+from envs.webshop_bridge.policies import instruction_words, names_value
+from esjax.agent.webshop import WebShopAgent
+from esjax.loop.rollout import RolloutEngine
 
 
 class RecordingAgent(WebShopAgent):
@@ -84,9 +79,9 @@ def evaluate(policy, shop, goals, decisions: Decisions | None, max_steps: int) -
     from esjax.train.evaluate import evaluate_policy
 
     class Engine(RolloutEngine):
-        def _choose(self, episode, scores):
+        def choose(self, episode, scores):
             picked = None if decisions is None else decisions.choose(episode, scores)
-            return super()._choose(episode, scores) if picked is None else picked
+            return super().choose(episode, scores) if picked is None else picked
 
     agent = RecordingAgent(policy.tokenizer, "compact", score_norm="mean")
     out = evaluate_policy(policy.config, policy.params, agent, shop, goals, max_steps, engine_cls=Engine)

@@ -11,9 +11,9 @@ the evaluation traces, which are kept gzipped, and ``study.json``) and drops its
 holding ``study.json`` is done and skipped; any other is run again from the start, so the study can be stopped and
 continued::
 
-    python experiments/learning_study.py --settings norms,norms-N32 --seeds 1000,1001,1002
-    python experiments/learning_study.py --list
-    python experiments/learning_study.py --report           # the tables of learning.md, from the records alone
+    python -m experiments.learning_study --settings norms,norms-N32 --seeds 1000,1001,1002
+    python -m experiments.learning_study --list
+    python -m experiments.learning_study --report           # the tables of learning.md, from the records alone
 
 Runs are ordered seed-major (every setting at the first seed, then at the next) so a study cut short still
 compares every setting on the same seeds. All runs of one process share its compiled programs.
@@ -24,19 +24,16 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from esjax.rundir.stats import mean_interval
+from experiments.lib import REPO, RESULTS
+from experiments.lib.records import compact_run
 
-from experiments.records import compact_run  # noqa: E402
-
-DEFAULT_OUT = REPO / "experiments" / "results" / "learning"
+DEFAULT_OUT = RESULTS / "learning"
 BASE = REPO / "configs" / "default.yaml"
 #: Settings named ``gen-...`` tune generate mode (issue 36): overrides on top of this config instead.
 GENERATE_BASE = REPO / "configs" / "generate.yaml"
@@ -183,8 +180,6 @@ def collect(out: Path) -> dict[str, list[dict]]:
 
 def report(out: Path) -> str:
     """learning.md's tables, regenerated from the run records under ``out`` alone."""
-    from experiments.report import t_ci
-
     found = collect(out)
     order = [name for name in SETTINGS if name in found] + sorted(set(found) - set(SETTINGS))
     lines = ["| setting | seeds | before → after (mean) | Δ mean [95% CI] | per seed Δ | success before → after | "
@@ -192,7 +187,7 @@ def report(out: Path) -> str:
     for name in order:
         runs = sorted(found[name], key=lambda r: r["seed"])
         deltas = np.array([r["after"] - r["before"] for r in runs])
-        _, low, high = t_ci(deltas.tolist())
+        _, low, high = mean_interval(deltas.tolist())
         ci = f"[{low:+.1f}, {high:+.1f}]" if len(runs) >= 2 else "(one seed)"
         seeds = ",".join(str(r["seed"]) for r in runs)
         commits = ",".join(sorted({r["commit"] for r in runs}))

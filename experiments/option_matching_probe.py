@@ -6,20 +6,13 @@ fresh one) by behaviour cloning on **option decisions only** — item pages wher
 option value the goal names — and reports the held-out accuracy (eval-split goals) of the demonstrated value
 under the policy's candidate scores (mean per-token log-likelihood), every ``--report-every`` steps.
 
-    python experiments/option_matching_probe.py --steps 400 --init shipped --lr 1e-3
+    python -m experiments.option_matching_probe --steps 400 --init shipped --lr 1e-3
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-for path in (REPO, REPO / "experiments"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
 
 
 def make_copy_step(recipe, config, lr, steps):
@@ -53,12 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import jax
-    import pretrain_default_policy as recipe
 
     from envs.webshop_bridge import load_webshop
     from esjax.agent.policy import load_policy
     from esjax.agent.webshop import WebShopAgent
     from esjax.model.params import init_params
+    from experiments.lib import pretrain as recipe
 
     shop = load_webshop(recipe.DATA, seed=recipe.CATALOG_SEED)
 

@@ -15,8 +15,8 @@ This recipe teaches a small decoder to write the teacher's action there:
    bucketed by length.
 4. Export the HF folder; ``python -m esjax.eval --model OUT --config configs/generate.yaml`` scores it greedily.
 
-    python experiments/pretrain_generate_policy.py --out /tmp/gen-policy          # full recipe
-    python experiments/pretrain_generate_policy.py --quick --out /tmp/q           # seconds (tests)
+    python -m experiments.pretrain_generate_policy --out /tmp/gen-policy          # full recipe
+    python -m experiments.pretrain_generate_policy --quick --out /tmp/q           # seconds (tests)
 """
 
 from __future__ import annotations
@@ -24,46 +24,28 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from experiments.pretrain_default_policy import (  # noqa: E402
+from experiments.lib.pretrain import (
     CATALOG_SEED,
     CHAT_TEMPLATE,
     DATA,
+    MAX_PROMPT_TOKENS,
+    MAX_REPLY_TOKENS,
     MAX_STEPS,
     MODEL,
     Teacher,
     batch_plan,
+    generate_agent,
     jitted_step,
     make_optimizer,
     params_digest,
     round_up,
     write_folder,
 )
-
-#: Generate mode's prompt budget for this policy (``agent.max_prompt_tokens`` of the configs that use it).
-MAX_PROMPT_TOKENS = 384
-#: Reply budget of the greedy evaluation (``agent.max_new_tokens``); the report states the longest reply learned.
-MAX_REPLY_TOKENS = 64
-
-
-def generate_agent(policy, max_prompt_tokens: int = MAX_PROMPT_TOKENS, constrain: str = "none"):
-    """The agent generate mode builds for ``policy`` (chat template, stop tokens, prompt budget, constrained
-    clicks or not)."""
-    from esjax.config import load_config
-    from esjax.train.parts import build_generate_agent
-
-    section = load_config(None, ["agent.mode=generate", f"agent.max_prompt_tokens={max_prompt_tokens}",
-                                 f"agent.constrain={constrain}"]).agent
-    return build_generate_agent(section, policy)
 
 
 def whole_instruction(instruction: str) -> str:

@@ -3,7 +3,7 @@
 Git history is the proof of pre-registration: every file under ``experiments/results/study/`` must have entered
 the repository in a commit that strictly descends from the first commit of ``experiments/protocol.md``.
 
-    python experiments/protocol_check.py        # prints each problem; exit status 1 if there is one
+    python -m experiments.protocol_check        # prints each problem; exit status 1 if there is one
 """
 
 from __future__ import annotations

@@ -8,10 +8,8 @@ and writes ``OUT/staleness.md`` (default OUT: ``experiments/results/`` for the r
 * ``staleness_heatmap.png``: Δ final eval score vs sync over lag k × stale fraction p (k = 0 / p = 0 is sync);
 * ``staleness_wallclock.png``: eval score vs wall-clock seconds and updates vs loop ticks (sync vs async).
 
-Per run: final score (100 × mean reward of the greedy unperturbed θ on the held-out goals at the last
-version), success rate (share of goals with reward 1), AUC = area under the held-out eval curve (trapezoid over
-versions, divided by the number of updates: the mean score along the run, in points of score), and the stale
-share (accepted fitnesses with lag > 0 over all accepted, from the update records' lag histograms).
+Per run (``experiments.lib.runs.read_run``): final score, success rate, AUC (the mean score along the run) and
+stale share.
 
 Statistics (per endpoint: the final score and the AUC; both in points of score, so one margin serves both):
 
@@ -40,415 +38,38 @@ Statistics (per endpoint: the final score and the AUC; both in points of score, 
   Holm over k cells: enough for every cell to pass). The SD measured on few seeds is itself uncertain: the
   overall row also gives the seeds needed at the pooled SD's one-sided 80% upper confidence bound.
 
+The tests, the verdict rule and the seed counts are :mod:`esjax.rundir.stats` (``paired_test``, ``holm``,
+``verdict``, ``tost_power``, ``seeds_needed``; experiments/protocol.md, written while ``verdict`` and
+``seeds_needed`` lived in this module, names them here); the pairing by seed and the families are
+``experiments.lib.runs.compare_with_sync``.
+
 Runs that failed (``failed.json``), are unfinished (no ``summary.md``), or whose records are inconsistent
 (duplicate or missing update versions, more or fewer updates than configured, no evaluation at the last
 version, as an update cascade leaves) are left out of every statistic and listed by cell and seed, as
 are the seeds a cell lacks and the seeds that have no sync partner.
 
-    python experiments/report.py --data webshop_small [--margin 3] [--runs experiments/results/study] [--out DIR]
+    python -m experiments.report --data webshop_small [--runs experiments/results/study] [--out DIR]
                                  [--margin 3] [--alpha 0.05] [--power 0.8] [--seeds S]
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
 import json
 import math
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from esjax.rundir.stats import VERDICTS, mean_interval, pooled_sd, sd_upper, seeds_needed, seeds_normal, tost_power
+from experiments.lib import REPO
+from experiments.lib.figures import write_grid_figures
+from experiments.lib.grid import DEFAULT_OUT, Cell, all_cells, results_dir
+from experiments.lib.published import PUBLISHED, published_table
+from experiments.lib.runs import DEFAULT_ALPHA, DEFAULT_MARGIN, ENDPOINTS, GridScan, compare_with_sync, scan_grid
 
-from esjax.rundir.metrics_schema import cohort_lags  # noqa: E402
-from experiments.staleness_grid import DEFAULT_OUT, FRACTIONS, LAGS, Cell, all_cells  # noqa: E402
-
-DEFAULT_RESULTS = REPO / "experiments" / "results"
-
-DEFAULT_MARGIN = 3.0
-DEFAULT_ALPHA = 0.05
 DEFAULT_POWER = 0.8
-# Published numbers (arXiv 2610.04196, held-out success % on its public benchmark, Qwen2.5-7B-Instruct,
-# full-parameter ES, N = 30, 120 updates) -- a side table only: not comparable to ours.
-PUBLISHED = {"base": 9.3, "sync": 25.4, "async": 25.9, "delay4": 23.8, "delay8": 22.3, "grpo": 29.0}
-PUBLISHED_LABEL = ("arXiv 2610.04196, held-out success on its public benchmark, Qwen2.5-7B-Instruct "
-                   "full-parameter ES — not comparable to ours")
-PUBLISHED_STALE_SHARE = 0.095  # natural async, G = 4 workers for N = 30
-VERDICTS = ("equivalent within m", "worse", "better", "inconclusive")
-ENDPOINTS = {"final": "final score", "auc": "AUC (mean score along the run)"}
-
-
-def results_dir(data: str) -> Path:
-    """Where a dataset's study results go: experiments/results/ for real WebShop, results/<data>/ for others."""
-    return DEFAULT_RESULTS if data == "webshop_small" else DEFAULT_RESULTS / data
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Reading runs
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _records(run_dir: Path) -> list[dict]:
-    out = []
-    with (run_dir / "metrics.jsonl").open(encoding="utf-8") as file:
-        for line in file:
-            line = line.strip()
-            if line:
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-    return out
-
-
-def auc(versions: list[int], scores: list[float]) -> float:
-    """Trapezoid area under score(version), divided by the version span (the mean score along the run)."""
-    if len(versions) < 2:
-        return float(scores[0]) if scores else math.nan
-    v = np.asarray(versions, np.float64)
-    s = np.asarray(scores, np.float64)
-    return float(np.sum((s[1:] + s[:-1]) / 2 * np.diff(v)) / (v[-1] - v[0]))
-
-
-def run_problems(config: dict, update_versions: list[int], eval_versions: list[int]) -> list[str]:
-    """Inconsistencies that make a run's numbers untrustworthy (empty if none): every update must be its own
-    version 1, 2, …, U with U = run.updates, and the last version must have been evaluated."""
-    problems = []
-    want = int(config["run"]["updates"])
-    dup = sorted({v for v in update_versions if update_versions.count(v) > 1})
-    if dup:
-        problems.append(f"update records repeat version(s) {', '.join(map(str, dup))}")
-    if sorted(set(update_versions)) != list(range(1, len(set(update_versions)) + 1)):
-        problems.append("update versions are not 1, 2, … without gaps")
-    if len(update_versions) != want:
-        problems.append(f"{len(update_versions)} update records for run.updates = {want}")
-    last = max(update_versions) if update_versions else 0
-    if not eval_versions or max(eval_versions) != last:
-        problems.append(f"last evaluation at version {max(eval_versions) if eval_versions else '—'}, last update "
-                        f"at version {last}")
-    return problems
-
-
-def read_run(run_dir: Path) -> dict | None:
-    """One finished run's numbers, or None if it is unfinished / has no evaluation. ``problems`` lists
-    inconsistent records (see ``run_problems``)."""
-    if not (run_dir / "summary.md").is_file() or not (run_dir / "metrics.jsonl").is_file():
-        return None
-    records = _records(run_dir)
-    evals = sorted((r for r in records if r.get("kind") == "eval"), key=lambda r: r["version"])
-    updates = sorted((r for r in records if r.get("kind") == "update"), key=lambda r: r["version"])
-    if not evals or not updates:
-        return None
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    lags: dict[int, int] = defaultdict(int)
-    for r in updates:
-        for lag, count in cohort_lags(r).items():
-            lags[lag] += count
-    accepted = sum(lags.values()) or 1
-    durations = [d for r in updates for d in (r.get("durations") or [])]
-    last = updates[-1]
-    return {
-        "dir": run_dir, "seed": int(config["run"]["seed"]), "config": config,
-        "eval_versions": [r["version"] for r in evals], "eval_scores": [r["score"] for r in evals],
-        "eval_walls": [r["wall_time"] for r in evals],
-        "initial": evals[0]["score"], "final": evals[-1]["score"], "final_version": evals[-1]["version"],
-        "success": 100 * evals[-1]["success_rate"], "goals": evals[-1].get("goals"),
-        "auc": auc([r["version"] for r in evals], [r["score"] for r in evals]),
-        "update_versions": [r["version"] for r in updates], "update_ticks": [r.get("tick") for r in updates],
-        "update_walls": [r["wall_time"] for r in updates],
-        "update_seconds": [r.get("seconds", math.nan) for r in updates],
-        "stale_fraction": sum(c for lag, c in lags.items() if lag > 0) / accepted,
-        "mean_lag": sum(lag * c for lag, c in lags.items()) / accepted, "lag_hist": dict(sorted(lags.items())),
-        "discarded": last.get("discarded"), "accepted": last.get("accepted"),
-        "ticks": last.get("tick"), "wall": last["wall_time"],
-        "utilization": float(np.mean([r.get("slot_utilization", math.nan) for r in updates])),
-        "durations": durations,
-        "problems": run_problems(config, [r["version"] for r in updates], [r["version"] for r in evals]),
-    }
-
-
-def _seed_of(seed_dir: Path) -> int | None:
-    try:
-        return int(seed_dir.name.removeprefix("seed"))
-    except ValueError:
-        return None
-
-
-@dataclasses.dataclass
-class GridScan:
-    """What the runs root holds for one dataset: the usable runs per cell and everything left out."""
-
-    grid: dict[str, list[dict]]  # cell -> usable finished runs, sorted by seed
-    expected_seeds: list[int]  # --seeds S, else every seed directory seen in any cell
-    failed: list[tuple[str, int, str]]  # (cell, seed, error)
-    unfinished: list[tuple[str, int]]  # a directory without summary.md or without evaluations, not failed
-    excluded: list[tuple[str, int, list[str]]]  # finished, but inconsistent records
-    started: dict[str, list[int]]  # cell -> seeds that have a directory
-
-    def missing(self) -> dict[str, list[int]]:
-        """cell -> expected seeds without a usable run, for every cell with at least one directory."""
-        out = {}
-        for cell in self.started:
-            have = {r["seed"] for r in self.grid.get(cell, [])}
-            lack = [s for s in self.expected_seeds if s not in have]
-            if lack:
-                out[cell] = lack
-        return out
-
-    def not_run(self) -> list[str]:
-        return [c.name for c in all_cells() if c.name not in self.started]
-
-
-def scan_grid(runs_root: Path, data: str, seeds: int | None = None) -> GridScan:
-    root = runs_root / data
-    grid: dict[str, list[dict]] = {}
-    failed, unfinished, excluded = [], [], []
-    started: dict[str, list[int]] = {}
-    for cell in all_cells():
-        cell_dir = root / cell.name
-        if not cell_dir.is_dir():
-            continue
-        runs = []
-        for seed_dir in sorted(cell_dir.glob("seed*")):
-            seed = _seed_of(seed_dir)
-            if seed is None or not seed_dir.is_dir():
-                continue
-            started.setdefault(cell.name, []).append(seed)
-            run = read_run(seed_dir)
-            if run is None:
-                if (seed_dir / "failed.json").is_file():
-                    try:
-                        error = str(json.loads((seed_dir / "failed.json").read_text()).get("error", "?"))
-                    except ValueError:
-                        error = "failed.json unreadable"
-                    failed.append((cell.name, seed, error))
-                else:
-                    unfinished.append((cell.name, seed))
-            elif run["problems"]:
-                excluded.append((cell.name, run["seed"], run["problems"]))
-            else:
-                runs.append(run)
-        if runs:
-            grid[cell.name] = sorted(runs, key=lambda r: r["seed"])
-    expected = list(range(seeds)) if seeds else sorted({s for v in started.values() for s in v})
-    return GridScan(grid, expected, failed, unfinished, excluded, {k: sorted(v) for k, v in started.items()})
-
-
-def read_grid(runs_root: Path, data: str) -> dict[str, list[dict]]:
-    """cell name -> its usable finished runs (sorted by seed); see ``scan_grid`` for what is left out."""
-    return scan_grid(runs_root, data).grid
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Statistics
-# ---------------------------------------------------------------------------------------------------------
-
-
-def t_ci(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
-    """(mean, low, high): the t interval of the mean (NaN bounds with fewer than two values)."""
-    x = np.asarray(values, np.float64)
-    if len(x) == 0:
-        return math.nan, math.nan, math.nan
-    mean = float(x.mean())
-    if len(x) < 2:
-        return mean, math.nan, math.nan
-    from scipy import stats
-
-    half = float(stats.t.ppf(0.5 + level / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
-    return mean, mean - half, mean + half
-
-
-def paired_delta(cell_runs: list[dict], sync_runs: list[dict], key: str = "final") -> dict:
-    """Δ = cell − sync on the seeds both have: mean, 95% t CI, seeds used, the differences."""
-    sync_by_seed = {r["seed"]: r[key] for r in sync_runs}
-    pairs = [(r["seed"], r[key] - sync_by_seed[r["seed"]]) for r in cell_runs if r["seed"] in sync_by_seed]
-    mean, low, high = t_ci([d for _, d in pairs])
-    return {"mean": mean, "low": low, "high": high, "seeds": [s for s, _ in pairs], "diffs": [d for _, d in pairs]}
-
-
-def paired_test(diffs: list[float], margin: float = DEFAULT_MARGIN, alpha: float = DEFAULT_ALPHA) -> dict:
-    """Paired t statistics of the differences Δᵢ: n, mean, sd (paired SD), the 95% and (1 − 2α) t intervals,
-    the two-sided p of Δ = 0 (``p_diff``) and the TOST p-values at margin m (``p_lower``: H₀ Δ ≤ −m,
-    ``p_upper``: H₀ Δ ≥ +m, ``p_tost`` = their max). With fewer than 2 differences every test value is NaN; with
-    a zero SD the tests are decided exactly (a constant Δ is different from 0 unless it is 0, equivalent iff
-    |Δ| < m)."""
-    from scipy import stats
-
-    x = np.asarray(diffs, np.float64)
-    n = len(x)
-    nan = math.nan
-    out = {"n": n, "mean": float(x.mean()) if n else nan, "sd": nan, "se": nan, "low95": nan, "high95": nan,
-           "low90": nan, "high90": nan, "p_diff": nan, "p_lower": nan, "p_upper": nan, "p_tost": nan,
-           "margin": float(margin), "alpha": float(alpha)}
-    if n < 2:
-        return out
-    mean, sd = float(x.mean()), float(x.std(ddof=1))
-    se, df = sd / math.sqrt(n), n - 1
-    q95, q90 = float(stats.t.ppf(0.975, df)), float(stats.t.ppf(1 - alpha, df))
-    out.update(sd=sd, se=se, low95=mean - q95 * se, high95=mean + q95 * se, low90=mean - q90 * se,
-               high90=mean + q90 * se)
-    if se == 0.0:
-        out["p_diff"] = 1.0 if mean == 0.0 else 0.0
-        out["p_lower"] = 0.0 if mean > -margin else 1.0
-        out["p_upper"] = 0.0 if mean < margin else 1.0
-    else:
-        out["p_diff"] = float(2 * stats.t.sf(abs(mean) / se, df))
-        out["p_lower"] = float(stats.t.sf((mean + margin) / se, df))
-        out["p_upper"] = float(stats.t.cdf((mean - margin) / se, df))
-    out["p_tost"] = max(out["p_lower"], out["p_upper"])
-    return out
-
-
-def holm(pvalues: list[float]) -> list[float]:
-    """Holm–Bonferroni adjusted p-values (step-down, monotone, capped at 1), in the input order. NaN entries
-    (tests that could not be run) stay NaN and do not count in the family size."""
-    p = np.asarray(pvalues, np.float64)
-    out = np.full(p.shape, np.nan)
-    idx = np.flatnonzero(np.isfinite(p))
-    m = len(idx)
-    running = 0.0
-    for rank, i in enumerate(idx[np.argsort(p[idx], kind="stable")]):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        out[i] = running
-    return out.tolist()
-
-
-def verdict(mean: float, p_diff_holm: float, p_tost_holm: float, alpha: float = DEFAULT_ALPHA) -> str:
-    """The one label of a cell on one endpoint (the rule of the module docstring)."""
-    if math.isfinite(p_tost_holm) and p_tost_holm < alpha:
-        return "equivalent within m"
-    if math.isfinite(p_diff_holm) and p_diff_holm < alpha and mean < 0:
-        return "worse"
-    if math.isfinite(p_diff_holm) and p_diff_holm < alpha and mean > 0:
-        return "better"
-    return "inconclusive"
-
-
-def compare_with_sync(grid: dict[str, list[dict]], key: str, margin: float = DEFAULT_MARGIN,
-                      alpha: float = DEFAULT_ALPHA) -> dict[str, dict]:
-    """cell -> ``paired_test`` of Δ (``key`` = "final" or "auc") vs sync, plus ``seeds``, Holm-adjusted
-    ``p_diff_holm`` / ``p_tost_holm`` (family: every cell with ≥ 2 paired seeds, this endpoint), ``family``
-    (its size) and ``verdict``. Cells without a paired seed are absent."""
-    sync = grid.get("sync", [])
-    out: dict[str, dict] = {}
-    for cell in all_cells():
-        if cell.name == "sync" or cell.name not in grid or not sync:
-            continue
-        d = paired_delta(grid[cell.name], sync, key)
-        if not d["seeds"]:
-            continue
-        out[cell.name] = {**paired_test(d["diffs"], margin, alpha), "seeds": d["seeds"], "diffs": d["diffs"]}
-    names = list(out)
-    adj_diff = holm([out[n]["p_diff"] for n in names])
-    adj_tost = holm([out[n]["p_tost"] for n in names])
-    family = sum(math.isfinite(out[n]["p_diff"]) for n in names)
-    for name, pd, pt in zip(names, adj_diff, adj_tost):
-        out[name].update(p_diff_holm=pd, p_tost_holm=pt, family=family,
-                         verdict=verdict(out[name]["mean"], pd, pt, alpha))
-    return out
-
-
-@functools.lru_cache(maxsize=1)
-def _gauss_legendre(points: int = 512) -> tuple[np.ndarray, np.ndarray]:
-    return np.polynomial.legendre.leggauss(points)
-
-
-def tost_power(n: int, sd: float, margin: float = DEFAULT_MARGIN, alpha: float = DEFAULT_ALPHA,
-               delta: float = 0.0) -> float:
-    """Exact power of the paired TOST with n pairs when the differences are N(delta, sd²):
-    E_s[P(−m + t·s/√n < Δ̄ < m − t·s/√n)], t = t₁₋α,ₙ₋₁, over (n−1)s²/σ² = V ~ χ²ₙ₋₁ (Owen's integral).
-    Evaluated by 512-point Gauss–Legendre quadrature in √V over the part of V's range that holds its mass
-    (quantiles 1e-12 … 1 − 1e-12) and gives a non-empty acceptance interval."""
-    from scipy import stats
-
-    if n < 2 or not math.isfinite(sd) or margin <= 0:
-        return math.nan
-    if sd == 0.0:
-        return 1.0 if abs(delta) < margin else 0.0
-    df = n - 1
-    q = float(stats.t.ppf(1 - alpha, df))
-    root_n = math.sqrt(n)
-    a_hi, a_lo = (margin - delta) * root_n / sd, (-margin - delta) * root_n / sd
-    v_max = df * ((margin * root_n / sd) / q) ** 2  # beyond it the interval is wider than (−m, m)
-    lo = math.sqrt(float(stats.chi2.ppf(1e-12, df)))  # in u = √V (dV = 2u du): smooth at 0 even for df = 1
-    hi = math.sqrt(min(v_max, float(stats.chi2.isf(1e-12, df))))
-    if hi <= lo:
-        return 0.0
-    nodes, weights = _gauss_legendre()
-    u = lo + (hi - lo) * (nodes + 1) / 2
-    w = q * u / math.sqrt(df)
-    inner = np.clip(stats.norm.cdf(a_hi - w) - stats.norm.cdf(a_lo + w), 0.0, 1.0)
-    value = float(np.sum(weights * inner * stats.chi2.pdf(u * u, df) * 2 * u) * (hi - lo) / 2)
-    return float(min(1.0, max(0.0, value)))
-
-
-def seeds_normal(sd: float, margin: float = DEFAULT_MARGIN, alpha: float = DEFAULT_ALPHA,
-                 power: float = DEFAULT_POWER) -> float:
-    """The normal formula for paired TOST at true Δ = 0: n ≈ (z₁₋α + z₁₋β/₂)²·σ²/m² (unrounded)."""
-    from scipy import stats
-
-    if not math.isfinite(sd):
-        return math.nan
-    z = float(stats.norm.ppf(1 - alpha) + stats.norm.ppf(1 - (1 - power) / 2))
-    return z * z * sd * sd / (margin * margin)
-
-
-def seeds_needed(sd: float, margin: float = DEFAULT_MARGIN, alpha: float = DEFAULT_ALPHA,
-                 power: float = DEFAULT_POWER, cap: int = 10_000_000) -> int | None:
-    """Smallest n ≥ 2 whose exact TOST power (``tost_power``, true Δ = 0) reaches ``power``; None if the SD is
-    unknown or more than ``cap`` seeds would be needed. The search starts at the normal formula's n (the exact n is
-    at or just above it) and gallops up, then bisects; power rises with n."""
-    if not math.isfinite(sd):
-        return None
-
-    def enough(n: int) -> bool:
-        return tost_power(n, sd, margin, alpha) >= power
-
-    start = max(2, math.ceil(seeds_normal(sd, margin, alpha, power)))
-    if enough(start):
-        lo = start
-        while lo > 2 and enough(lo - 1):  # rare: the formula overshoots
-            lo -= 1
-        return lo
-    lo, step = start, 1
-    while not enough(lo + step):
-        lo += step
-        step *= 2
-        if lo > cap:
-            return None
-    hi = lo + step
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if enough(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
-
-
-def pooled_sd(tests: list[dict]) -> tuple[float, int]:
-    """(pooled paired SD, its degrees of freedom) over the tests with n ≥ 2: sqrt(Σ(nᵢ−1)sᵢ² / Σ(nᵢ−1))."""
-    usable = [t for t in tests if t["n"] >= 2 and math.isfinite(t["sd"])]
-    df = sum(t["n"] - 1 for t in usable)
-    if df == 0:
-        return math.nan, 0
-    return math.sqrt(sum((t["n"] - 1) * t["sd"] ** 2 for t in usable) / df), df
-
-
-def sd_upper(sd: float, df: int, level: float = 0.8) -> float:
-    """One-sided ``level`` upper confidence bound of an SD estimated with df degrees of freedom."""
-    from scipy import stats
-
-    if df < 1 or not math.isfinite(sd):
-        return math.nan
-    return sd * math.sqrt(df / float(stats.chi2.ppf(1 - level, df)))
 
 
 def power_rows(tests: dict[str, dict], margin: float = DEFAULT_MARGIN, alpha: float = DEFAULT_ALPHA,
@@ -485,14 +106,6 @@ def _ms(values: list[float], digits: int = 1) -> str:
     return f"{x.mean():.{digits}f} ± {x.std(ddof=1):.{digits}f}"
 
 
-def _ci(d: dict) -> str:
-    if math.isnan(d["mean"]):
-        return "—"
-    if math.isnan(d["low"]):
-        return f"{d['mean']:+.1f} (1 seed)"
-    return f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]"
-
-
 def _p(p: float) -> str:
     if not math.isfinite(p):
         return "—"
@@ -505,118 +118,6 @@ def _iv(low: float, high: float) -> str:
 
 def _n(value: int | None) -> str:
     return "> 10⁶" if value is None else str(value)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Figures
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _runs_for(grid: dict[str, list[dict]], name: str) -> list[dict] | None:
-    """The runs of a cell, or of the paper cell with the same schedule (``k4-p0.1`` ≡ ``delay4``, …)."""
-    if name in grid:
-        return grid[name]
-    same = {c.name: c.same_as for c in all_cells()}.get(name)
-    return grid.get(same) if same else None
-
-
-def _mean_curve(runs: list[dict], xs_key: str, ys_key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    grid = sorted({x for r in runs for x in r[xs_key]})
-    rows = [np.interp(grid, r[xs_key], r[ys_key]) for r in runs]
-    arr = np.asarray(rows, np.float64)
-    return np.asarray(grid), arr.mean(0), arr.std(0)
-
-
-def write_figures(grid: dict[str, list[dict]], out: Path, prefix: str = "staleness") -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    cells = {c.name: c for c in all_cells()}
-    groups = [
-        ("paper cells, async-K2, extreme lag", [c.name for c in all_cells() if c.origin == "paper"] +
-         ["async-K2", "extreme-lag"]),
-        ("ours: controlled staleness (p = 0.1, 0.5) and all stale", ["sync"] + [f"k{k}-p0.1" for k in LAGS] +
-         [f"k{k}-p0.5" for k in LAGS] + [f"k{k}-p1" for k in LAGS if k > 1]),
-    ]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
-    for ax, (title, names) in zip(axes, groups):
-        for name in names:
-            runs = grid.get(name) if ax is axes[0] else _runs_for(grid, name)
-            if not runs:
-                continue
-            x, m, s = _mean_curve(runs, "eval_versions", "eval_scores")
-            style = "k-" if name == "sync" else "-"
-            line, = ax.plot(x, m, style, marker="o", ms=3, lw=2 if name == "sync" else 1.2,
-                            label=f"{name} ({len(runs)} seeds)")
-            ax.fill_between(x, m - s, m + s, color=line.get_color(), alpha=0.08)
-        ax.set_title(title)
-        ax.set_xlabel("ES updates")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
-    axes[0].set_ylabel("held-out eval score (100 × mean reward)")
-    fig.tight_layout()
-    paths.append(out / f"{prefix}_curves.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-
-    # Heatmap of Δ over k × p (k = 0 row and p = 0 column are sync itself: Δ = 0).
-    ks = (0, *LAGS)
-    ps = (0.0, *FRACTIONS, 1.0)
-    delta = np.full((len(ks), len(ps)), np.nan)
-    sync = grid.get("sync", [])
-    for i, k in enumerate(ks):
-        for j, p in enumerate(ps):
-            if k == 0 or p == 0.0:
-                delta[i, j] = 0.0 if sync else np.nan
-                continue
-            name = f"k{k}-p1" if p == 1.0 else f"k{k}-p{p:g}"
-            runs = _runs_for(grid, name)
-            if runs and sync:
-                delta[i, j] = paired_delta(runs, sync)["mean"]
-    fig, ax = plt.subplots(figsize=(6.4, 4.6))
-    finite = delta[np.isfinite(delta)]
-    lim = max(1.0, float(np.abs(finite).max())) if finite.size else 1.0
-    im = ax.imshow(delta, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
-    for i in range(len(ks)):
-        for j in range(len(ps)):
-            text = "—" if np.isnan(delta[i, j]) else f"{delta[i, j]:+.1f}"
-            ax.text(j, i, text, ha="center", va="center", fontsize=9)
-    ax.set_xticks(range(len(ps)), [f"{p:g}" for p in ps])
-    ax.set_yticks(range(len(ks)), [str(k) for k in ks])
-    ax.set_xlabel("stale fraction p")
-    ax.set_ylabel("lag k (updates)")
-    ax.set_title("Δ final eval score vs sync (mean over seeds)")
-    fig.colorbar(im, ax=ax, label="Δ score")
-    fig.tight_layout()
-    paths.append(out / f"{prefix}_heatmap.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-    for name in ["sync", "async-G4", "async-K1", "delay4", "all-stale-k1", "extreme-lag"]:
-        if name not in grid:
-            continue
-        runs = grid[name]
-        x, m, _ = _mean_curve(runs, "eval_walls", "eval_scores")
-        axes[0].plot(x, m, "-o", ms=3, label=name)
-        for n, r in enumerate(runs):
-            axes[1].plot(r["update_ticks"], r["update_versions"], "-", alpha=0.7,
-                         color=f"C{list(cells).index(name) % 10}", label=name if n == 0 else None)
-    axes[0].set_xlabel("wall-clock (s, includes evaluation)")
-    axes[0].set_ylabel("held-out eval score (mean over seeds)")
-    axes[1].set_xlabel("loop ticks (one env step of every live episode)")
-    axes[1].set_ylabel("ES updates applied")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out / f"{prefix}_wallclock.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-    return paths
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -749,7 +250,7 @@ def findings(grid: dict[str, list[dict]], margin: float = DEFAULT_MARGIN, alpha:
         return ["- No finished sync runs: no comparison possible."]
     tests = {key: compare_with_sync(grid, key, margin, alpha) for key in ENDPOINTS}
     lines = []
-    learn = t_ci([r["final"] - r["initial"] for r in sync])
+    learn = mean_interval([r["final"] - r["initial"] for r in sync])
     init = np.mean([r["initial"] for r in sync])
     final = np.mean([r["final"] for r in sync])
     learned = not math.isnan(learn[1]) and learn[1] > 0
@@ -843,26 +344,6 @@ def _power_table(rows: list[dict], family: int) -> list[str]:
     return lines
 
 
-def published_table() -> list[str]:
-    sync = PUBLISHED["sync"]
-    rows = [("base policy (no training)", PUBLISHED["base"], "version 0 of every run"),
-            ("sync ES", sync, "sync"),
-            (f"natural async (G = 4 workers, N = 30; ≈ {PUBLISHED_STALE_SHARE:.1%} of results 1 update stale)",
-             PUBLISHED["async"], "async-G4 (G < N, the paper's regime); async-K1 is the saturated G = N variant"),
-            ("delay-4 (27 fresh + 3 delayed by exactly 4)", PUBLISHED["delay4"], "delay4"),
-            ("delay-8 (27 fresh + 3 delayed by exactly 8)", PUBLISHED["delay8"], "delay8"),
-            ("GRPO", PUBLISHED["grpo"], "—")]
-    lines = [f"**{PUBLISHED_LABEL}.** Success % is the share of solved tasks, not our score; N = 30, 120 updates. "
-             "Shown for the direction and rough size of the published effects only.", "",
-             "| published setting | held-out success % | Δ vs sync (points of success) | our cell of the same "
-             "definition |", "|---|---|---|---|"]
-    for label, value, ours in rows:
-        delta = "—" if label.startswith(("base", "sync")) else f"{value - sync:+.1f}"
-        lines.append(f"| {label} | {value} | {delta} | {ours} |")
-    lines.append("| all fitness values stale (abstract) | not given | — | all-stale-k1 |")
-    return lines
-
-
 def _left_out(scan: GridScan | None, grid: dict[str, list[dict]]) -> list[str]:
     lines = []
     if scan is not None:
@@ -899,7 +380,7 @@ def write_report(grid: dict[str, list[dict]], out: Path, data: str, runs_root: P
                  alpha: float = DEFAULT_ALPHA, power: float = DEFAULT_POWER, scan: GridScan | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     stem = "staleness"
-    figures = write_figures(grid, out, stem) if grid else []
+    figures = write_grid_figures(grid, out, stem) if grid else []
     sync = grid.get("sync", [])
     lines = ["# Staleness study: bounded-staleness asynchronous ES on WebShop", "",
              "Generated by `python experiments/report.py` from the run directories of "

@@ -1,7 +1,7 @@
 """Per-seed table of a config's runs on the test split: before / mid / after, Δ, success, wall time, and the mean Δ
 with its paired 95% t interval (what README's main-job table and issue 31's Done-means report).
 
-    python experiments/seed_table.py experiments/results/full-weights      # reads <dir>/seed<s>/, compacts them
+    python -m experiments.seed_table experiments/results/full-weights      # reads <dir>/seed<s>/, compacts them
 """
 
 from __future__ import annotations
@@ -9,17 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from experiments.records import compact_run  # noqa: E402
-from experiments.report import t_ci  # noqa: E402
+from esjax.rundir.stats import mean_interval
+from experiments.lib.records import compact_run
 
 
 def _wall_seconds(summary: str) -> float | None:
@@ -54,7 +49,7 @@ def table(rows: list[dict]) -> str:
                      f"{100 * r['success'][0]:.1f}% → {100 * r['success'][1]:.1f}% | {wall} | {r['commit']} |")
     deltas = [r["scores"][-1] - r["scores"][0] for r in rows]
     if len(deltas) >= 2:
-        mean, low, high = t_ci(deltas)
+        mean, low, high = mean_interval(deltas)
         seeds = ", ".join(str(r["seed"]) for r in rows)
         before, after = np.mean([r["scores"][0] for r in rows]), np.mean([r["scores"][-1] for r in rows])
         lines += ["", f"{len(rows)} seeds ({seeds}): mean Δ **{mean:+.1f}**, paired 95% t interval "

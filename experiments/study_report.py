@@ -2,48 +2,53 @@
 
 ``experiments/results/staleness.md`` is this module's output and nothing else's: the records under
 ``experiments/results/study/webshop_small/`` (each finished run's config.yaml, metrics.jsonl, summary.md, grid.json)
-and the margin and n that ``protocol_power`` computes from the main job's committed runs. It follows the protocol's
-rules, not the data:
+and the margin and n that ``experiments.lib.study.protocol_power`` computes from the main job's committed runs. It
+follows the protocol's rules, not the data:
 
 * **no interim looks**: a family's effect sizes, intervals and verdicts are computed only once sync and every cell
   of the family have all n seeds (100 … 100 + n − 1); before that the report shows how many runs are finished and
   nothing measured from them;
 * the secondary family is analysed only after the primary one is complete;
-* TOST at the protocol's margin, Holm within each family, separately per endpoint (``report.compare_with_sync`` on
-  the family's cells alone);
+* TOST at the protocol's margin, Holm within each family, separately per endpoint
+  (``experiments.lib.runs.compare_with_sync`` on the family's cells alone);
 * the deviations from the protocol are listed first (``DEVIATIONS``, written down as they happen);
 * the figure (``staleness_study.png``: held-out curves, and each seed's paired Δ against the margin) exists only
   for a complete primary family, like the numbers.
 
-    python experiments/study_report.py            # rewrites experiments/results/staleness.md (+ its figure)
-    python experiments/study_report.py --check    # exit 1 if the committed file differs from a fresh render
+    python -m experiments.study_report            # rewrites experiments/results/staleness.md (+ its figure)
+    python -m experiments.study_report --check    # exit 1 if the committed file differs from a fresh render
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from esjax.rundir.stats import mean_interval
+from experiments.lib import REPO, RESULTS
+from experiments.lib.figures import write_study_figure
+from experiments.lib.published import published_table
+from experiments.lib.runs import ENDPOINTS, GridScan, compare_with_sync, scan_grid
+from experiments.lib.study import (
+    ALPHA,
+    DATA,
+    FAMILIES,
+    MAX_SEEDS,
+    RECORDS,
+    REPRODUCIBILITY,
+    STUDY_COMMIT,
+    Power,
+    expected_seeds,
+    family_complete,
+    protocol_power,
+)
 
-from experiments import protocol_power  # noqa: E402
-from experiments import report as stats  # noqa: E402
-
-RECORDS = REPO / "experiments" / "results" / "study"
-DATA = "webshop_small"
-OUT = REPO / "experiments" / "results" / "staleness.md"
+OUT = RESULTS / "staleness.md"
 FIGURE = OUT.with_name("staleness_study.png")
-REPRODUCIBILITY = RECORDS / "reproducibility.json"
-FIRST_SEED = 100
-FAMILIES = {"primary": ("async-G4", "delay8", "all-stale-k1"), "secondary": ("delay4", "async-K1")}
-ALPHA = 0.05
+#: The command the report states (the form the committed report has always shown; ``python -m
+#: experiments.staleness_grid`` runs the same).
 COMMAND = "python experiments/staleness_grid.py --preset real --cells {cells} --first-seed 100 --seeds {n} --jobs 2"
-#: The one commit every run of the study is made at (a later session runs from a worktree checked out there).
-STUDY_COMMIT = "62ddc0a"
 
 #: Every departure from experiments/protocol.md, in the order it happened (the protocol asks for this list).
 DEVIATIONS = (
@@ -69,15 +74,6 @@ DEVIATIONS = (
 )
 
 
-def expected_seeds(n: int) -> list[int]:
-    return list(range(FIRST_SEED, FIRST_SEED + n))
-
-
-def family_complete(grid: dict[str, list[dict]], cells: tuple[str, ...], seeds: list[int]) -> bool:
-    """Sync and every cell of the family hold a usable run for every seed."""
-    return all({r["seed"] for r in grid.get(name, [])} >= set(seeds) for name in ("sync", *cells))
-
-
 def run_commit(run: dict) -> str:
     """The commit a finished run was made at, from its run.json ('?' if not recorded)."""
     try:
@@ -86,7 +82,7 @@ def run_commit(run: dict) -> str:
         return "?"
 
 
-def _progress_table(scan: stats.GridScan, seeds: list[int]) -> list[str]:
+def _progress_table(scan: GridScan, seeds: list[int]) -> list[str]:
     lines = ["| cell | family | finished runs (of n) | failed | unfinished or excluded | at another commit |",
              "|---|---|---|---|---|---|"]
     family_of = {name: family for family, names in FAMILIES.items() for name in names} | {"sync": "both (reference)"}
@@ -105,13 +101,13 @@ def _progress_table(scan: stats.GridScan, seeds: list[int]) -> list[str]:
 def _family_section(grid: dict[str, list[dict]], cells: tuple[str, ...], seeds: list[int], margin: float) -> list[str]:
     """Verdicts of one complete family: TOST + Holm over its cells, per endpoint, on the protocol's seeds only."""
     subset = {name: [r for r in grid[name] if r["seed"] in seeds] for name in ("sync", *cells)}
-    sync_gain = stats.t_ci([r["final"] - r["initial"] for r in subset["sync"]])
+    sync_gain = mean_interval([r["final"] - r["initial"] for r in subset["sync"]])
     lines = [f"Sync gains {sync_gain[0]:+.2f} points (95% CI [{sync_gain[1]:+.2f}, {sync_gain[2]:+.2f}]) on the "
              f"final score over its {len(seeds)} seeds.", "",
              "| cell | endpoint | stale share | Δ vs sync (mean) | 95% CI | 90% CI | Holm TOST p | Holm p (Δ = 0) | "
              "retained share of sync's gain | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for key, label in stats.ENDPOINTS.items():
-        tests = stats.compare_with_sync(subset, key, margin, ALPHA)
+    for key, label in ENDPOINTS.items():
+        tests = compare_with_sync(subset, key, margin, ALPHA)
         for name in cells:
             t = tests[name]
             stale = sum(r["stale_fraction"] for r in subset[name]) / len(subset[name])
@@ -125,50 +121,6 @@ def _family_section(grid: dict[str, list[dict]], cells: tuple[str, ...], seeds: 
     return lines
 
 
-def write_figure(grid: dict[str, list[dict]], cells: tuple[str, ...], seeds: list[int], margin: float,
-                 path: Path = FIGURE) -> Path:
-    """Left: mean held-out curve per cell over the seeds (band ±1 SD). Right: each seed's paired Δ final score
-    (cell − sync) per cell, its mean and 90% CI (the TOST interval, before Holm), and the margin ±m."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    runs = {name: sorted((r for r in grid[name] if r["seed"] in seeds), key=lambda r: r["seed"])
-            for name in ("sync", *cells)}
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.4))
-    for i, (name, rs) in enumerate(runs.items()):  # sync black, cell i in colour C<i> on both panels
-        scores = np.asarray([r["eval_scores"] for r in rs], np.float64)
-        x, mean, sd = np.asarray(rs[0]["eval_versions"]), scores.mean(0), scores.std(0)
-        color = "k" if i == 0 else f"C{i}"
-        left.plot(x, mean, "-", color=color, marker="o", ms=3, lw=2 if i == 0 else 1.2,
-                  label=f"{name} ({len(rs)} seeds)")
-        left.fill_between(x, mean - sd, mean + sd, color=color, alpha=0.08)
-    left.set_xlabel("ES updates")
-    left.set_ylabel("held-out score, 500 test goals (100 × mean reward)")
-    left.grid(alpha=0.3)
-    left.legend(fontsize=8)
-    sync_final = {r["seed"]: r["final"] for r in runs["sync"]}
-    for i, name in enumerate(cells):
-        deltas = [r["final"] - sync_final[r["seed"]] for r in runs[name]]
-        jitter = np.linspace(-0.15, 0.15, len(deltas))
-        right.plot(i + jitter, deltas, "o", ms=3, alpha=0.5, color=f"C{i + 1}")
-        mean, low, high = stats.t_ci(deltas, 0.90)
-        right.errorbar([i + 0.3], [mean], yerr=[[mean - low], [high - mean]], fmt="s", color="k", capsize=4)
-    right.axhspan(-margin, margin, color="0.85", alpha=0.5, label=f"±m = ±{margin:g} (equivalence margin)")
-    right.axhline(0, color="k", lw=0.8)
-    right.set_xticks(range(len(cells)), cells)
-    right.set_ylabel("Δ final score vs sync, per seed (points)")
-    right.set_title("dots: seeds; square: mean and 90% CI", fontsize=9)
-    right.grid(alpha=0.3, axis="y")
-    right.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def _reproducibility() -> list[str]:
     if not REPRODUCIBILITY.is_file():
         return ["Not run yet: it follows the last run of the study (seeds 100–103 of sync and async-G4 re-run at the "
@@ -177,9 +129,9 @@ def _reproducibility() -> list[str]:
     return [f"- {line}" for line in result.get("lines", [])] or ["(empty result file)"]
 
 
-def render(records: Path = RECORDS, power: protocol_power.Power | None = None) -> str:
-    power = power or protocol_power.protocol_power()
-    scan = stats.scan_grid(records, DATA)
+def render(records: Path = RECORDS, power: Power | None = None) -> str:
+    power = power or protocol_power()
+    scan = scan_grid(records, DATA)
     lines = ["# The staleness study, pre-registered (issue 32)", "",
              "Generated by `python experiments/study_report.py` from the committed records under "
              "`experiments/results/study/` alone; the rules are [experiments/protocol.md](../protocol.md).", "",
@@ -191,7 +143,7 @@ def render(records: Path = RECORDS, power: protocol_power.Power | None = None) -
               f"{power.final_sd_upper:.2f}, σ_d = {power.sigma_d:.2f} → n = **{power.n}** seeds per cell "
               f"(`python experiments/protocol_power.py`)."]
     if not power.feasible:
-        lines += ["", f"n exceeds {protocol_power.MAX_SEEDS}: by the protocol the study is **not run** on this "
+        lines += ["", f"n exceeds {MAX_SEEDS}: by the protocol the study is **not run** on this "
                       "setting, and no verdict is reported."]
         return "\n".join(lines) + "\n"
     seeds = expected_seeds(power.n)
@@ -218,7 +170,7 @@ def render(records: Path = RECORDS, power: protocol_power.Power | None = None) -
                               "seeds; right, each seed's Δ final score against sync, the mean with its 90% CI, and "
                               "the margin)"]
     lines += ["", "## Reproducibility check", ""] + _reproducibility()
-    lines += ["", "## The published numbers (theirs, not ours)", ""] + stats.published_table()
+    lines += ["", "## The published numbers (theirs, not ours)", ""] + published_table()
     return "\n".join(lines) + "\n"
 
 
@@ -226,12 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the committed file instead of writing")
     args = parser.parse_args(argv)
-    power = protocol_power.protocol_power()
+    power = protocol_power()
     text = render(power=power)
     if not args.check:
-        scan, seeds = stats.scan_grid(RECORDS, DATA), expected_seeds(power.n)
+        scan, seeds = scan_grid(RECORDS, DATA), expected_seeds(power.n)
         if power.feasible and family_complete(scan.grid, FAMILIES["primary"], seeds):
-            print(f"wrote {write_figure(scan.grid, FAMILIES['primary'], seeds, power.margin).relative_to(REPO)}")
+            figure = write_study_figure(scan.grid, FAMILIES["primary"], seeds, power.margin, FIGURE)
+            print(f"wrote {figure.relative_to(REPO)}")
     if args.check:
         same = OUT.is_file() and OUT.read_text() == text
         print(f"{OUT.relative_to(REPO)} {'is' if same else 'is NOT'} what the records give")

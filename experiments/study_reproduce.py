@@ -5,10 +5,10 @@ recorded, and compared with its committed records: every metrics record with the
 out, and the evaluation traces byte for byte. The result goes to
 ``experiments/results/study/reproducibility.json``, which ``study_report.py`` prints.
 
-    python experiments/study_reproduce.py                       # the protocol's check: seeds 100-103 of sync, async-G4
-    python experiments/study_reproduce.py --jobs 2              # the same, the runs split over two processes
-    python experiments/study_reproduce.py --cells sync --seeds 100 --out /tmp/check.json
-    python experiments/study_reproduce.py --merge a.json b.json # one result from parts made at one commit
+    python -m experiments.study_reproduce                       # the protocol's check: seeds 100-103 of sync, async-G4
+    python -m experiments.study_reproduce --jobs 2              # the same, the runs split over two processes
+    python -m experiments.study_reproduce --cells sync --seeds 100 --out /tmp/check.json
+    python -m experiments.study_reproduce --merge a.json b.json # one result from parts made at one commit
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from esjax.rundir.metrics import read_metrics, untimed  # noqa: E402
-from experiments import staleness_grid  # noqa: E402
-from experiments.study_report import DATA, RECORDS, REPRODUCIBILITY  # noqa: E402
+from esjax.rundir.metrics import read_metrics, untimed
+from experiments.lib import REPO
+from experiments.lib.grid import DATASETS, all_cells, run_cell
+from experiments.lib.records import compact_run
+from experiments.lib.study import DATA, RECORDS, REPRODUCIBILITY
 
 
 def untimed_records(run_dir: Path) -> list[dict]:
@@ -65,10 +63,10 @@ def reproduce(cell_name: str, seed: int, scratch: Path, records: Path = RECORDS,
     """Re-run one committed (cell, seed) with its recorded overrides into ``scratch`` and compare."""
     committed = records / data / cell_name / f"seed{seed}"
     grid = json.loads((committed / "grid.json").read_text())
-    cell = next(c for c in staleness_grid.all_cells() if c.name == cell_name)
+    cell = next(c for c in all_cells() if c.name == cell_name)
     run_dir = scratch / cell_name / f"seed{seed}"
-    staleness_grid.run_cell(cell, seed, run_dir, staleness_grid.DATASETS[data], grid["overrides"])
-    staleness_grid.compact_run(run_dir)
+    run_cell(cell, seed, run_dir, DATASETS[data], grid["overrides"])
+    compact_run(run_dir)
     return differences(committed, run_dir)
 
 
@@ -97,13 +95,14 @@ def merge(parts: list[Path]) -> dict:
 
 
 def _in_parallel(cells: list[str], seeds: list[int], jobs: int) -> dict:
-    """Split the re-runs over ``jobs`` processes of this script (by cell, or by seed when there are fewer cells),
-    one part file each, then merge the parts."""
+    """Split the re-runs over ``jobs`` processes of this script, started as this one was (by cell, or by seed when
+    there are fewer cells), one part file each, then merge the parts."""
     split = ([(cells[j::jobs], seeds) for j in range(jobs)] if len(cells) >= jobs
              else [(cells, seeds[j::jobs]) for j in range(min(jobs, len(seeds)))])
     with tempfile.TemporaryDirectory() as tmp:
         parts = [Path(tmp) / f"part{j}.json" for j in range(len(split))]
-        procs = [subprocess.Popen([sys.executable, __file__, "--cells", ",".join(c), "--seeds", ",".join(map(str, s)),
+        script = ["-m", __spec__.name] if __spec__ else [__file__]
+        procs = [subprocess.Popen([sys.executable, *script, "--cells", ",".join(c), "--seeds", ",".join(map(str, s)),
                                    "--out", str(part)]) for (c, s), part in zip(split, parts)]
         codes = [p.wait() for p in procs]
         if any(code not in (0, 1) for code in codes):  # 1: a difference found, which the merged result reports

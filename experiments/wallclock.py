@@ -11,7 +11,7 @@ the real WebShop runs (``--data webshop_small``), ``experiments/results/<data>/`
 2. **Real loop**: ticks and seconds per update of the grid's sync vs async runs (same seeds, same budget),
    and their slot utilization.
 
-    python experiments/wallclock.py --data webshop_small [--runs experiments/results/study] [--updates 200]
+    python -m experiments.wallclock --data webshop_small [--runs experiments/results/study] [--updates 200]
 """
 
 from __future__ import annotations
@@ -22,15 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from esjax.loop.coordinator import Coordinator, CoordinatorConfig  # noqa: E402
-from esjax.loop.schedules import Async, Controlled, Sync  # noqa: E402
-from esjax.loop.simulate import Empirical, simulate  # noqa: E402
-from experiments.report import read_grid, results_dir  # noqa: E402
-from experiments.staleness_grid import DEFAULT_OUT  # noqa: E402
+from esjax.loop.coordinator import Coordinator, CoordinatorConfig
+from esjax.loop.schedules import Async, Controlled, Sync
+from esjax.loop.simulate import Empirical, simulate
+from experiments.lib.grid import DEFAULT_OUT, results_dir
+from experiments.lib.runs import read_grid
 
 WORKERS = (4, 16, 64)
 SCHEDULES = [  # (label, schedule factory, K)

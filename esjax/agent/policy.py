@@ -71,7 +71,7 @@ def load_policy(source: str, path: str | None = None, dtype: str = "float32", *,
         if source == "embedded" and not (folder / "config.json").is_file():
             recipe = "pretrain_default_policy" if embedded == "default" else "pretrain_generate_policy"
             raise FileNotFoundError(f"{folder}: the embedded {embedded} policy is missing from this installation "
-                                    f"(regenerate it with experiments/{recipe}.py)")
+                                    f"(regenerate it with python -m experiments.{recipe})")
         pre = load_pretrained(folder, mesh=mesh, dtype=dtype)
         return LoadedPolicy(pre.config, pre.params, pre.tokenizer, pre.chat_template, pre.special_tokens,
                             pre.path, pre.raw_config)

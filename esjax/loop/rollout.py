@@ -295,7 +295,11 @@ class RolloutEngine:
         return dropped
 
     # ------------------------------------------------------------------------------------------- one tick
-    def _choose(self, episode: Episode, scores: np.ndarray) -> int:
+    def choose(self, episode: Episode, scores: np.ndarray) -> int:
+        """The index of the candidate ``episode`` takes, from its candidates' ``scores``: the best for a greedy
+        episode (or at temperature 0), else a draw from their softmax at ``temperature``, seeded by the episode's
+        sampling seed, position and step. A subclass may override it to change how actions are picked (the
+        ``engine_cls`` of :func:`esjax.train.evaluate.evaluate_policy`)."""
         if episode.greedy or self.temperature <= 0 or len(scores) == 1:
             return int(np.argmax(scores))
         logits = (scores - scores.max()) / self.temperature
@@ -362,7 +366,7 @@ class RolloutEngine:
             for group, call in batches:
                 t0 = time.perf_counter()
                 choice = {e.row: 0 for e in group} if call is None else {
-                    e.row: self._choose(e, row_scores[: len(inputs[e.row][1])])
+                    e.row: self.choose(e, row_scores[: len(inputs[e.row][1])])
                     for e, row_scores in zip(group, call.result())}
                 stats.model_s += time.perf_counter() - t0
                 acted += self._take_actions(group, inputs, choice)

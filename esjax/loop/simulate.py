@@ -11,6 +11,10 @@ slot that frees is refilled at once by asking the coordinator (which may leave i
 barrier); an update takes ``update_time`` of virtual time during which nothing is dispatched (running
 jobs continue). Ties in finish time are broken by job id, so a run is deterministic given its seed. Jobs a
 coordinator has in flight when ``simulate`` starts (an earlier call, a resume) are re-run from the start.
+
+It belongs to ``esjax.loop`` (not to experiments/ or benchmarks/, its callers besides the loop's tests): it is the
+loop's own coordinator and schedules under a virtual clock, part of the library's public face, so that a user can
+measure a schedule's wall-clock and idle time for their own duration distribution before running it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The machine a measurement ran on: benchmarks and experiments record it beside their numbers."""
+"""The machine a measurement ran on: every run's ``run.json`` records it (:mod:`esjax.rundir.directory`), which is
+why it lives in esjax; benchmarks and experiments record the same fields beside their numbers."""
 
 from __future__ import annotations
 

@@ -3,24 +3,11 @@ and its pretraining script is deterministic given its seed."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from esjax.agent.policy import EMBEDDED_POLICY_DIR, load_policy
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _pretrain_module():
-    spec = importlib.util.spec_from_file_location("pretrain_default_policy",
-                                                  ROOT / "experiments" / "pretrain_default_policy.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+from experiments import pretrain_default_policy as script
+from experiments.lib import pretrain
 
 
 def test_embedded_policy_is_a_small_hf_folder():
@@ -62,17 +49,16 @@ def test_agent_encoding_matches_pretraining_encoding():
     from envs.webshop_bridge import WebShopTextEnv, load_webshop
     from esjax.agent.webshop import EpisodeMemory, WebShopAgent, candidates_for, compact_prompt, page_kind
 
-    module = _pretrain_module()
     policy = load_policy("embedded")
     agent = WebShopAgent(policy.tokenizer, "compact")
     shop = load_webshop("webshop_small")
     goal = shop.split("train")[0]
-    steps, _, skipped = module.demonstrations(shop, [goal], hasty=0.0, seed=0)
+    steps, _, skipped = pretrain.demonstrations(shop, [goal], hasty=0.0, seed=0)
     assert skipped == 0 and steps
     env = WebShopTextEnv(shop)
     obs, _ = env.reset(goal)
     memory = EpisodeMemory(env.instruction)
-    teacher = module.Teacher(env.goal, hasty=False)
+    teacher = pretrain.Teacher(env.goal, hasty=False)
     recorded = iter(steps)
     done = False
     while not done:
@@ -91,13 +77,12 @@ def test_agent_encoding_matches_pretraining_encoding():
 
 @pytest.mark.slow
 def test_quick_pretraining_is_deterministic(tmp_path):
-    module = _pretrain_module()
-    first = module.main(["--quick", "--seed", "3", "--out", str(tmp_path / "a")])
-    second = module.main(["--quick", "--seed", "3", "--out", str(tmp_path / "b")])
+    first = script.main(["--quick", "--seed", "3", "--out", str(tmp_path / "a")])
+    second = script.main(["--quick", "--seed", "3", "--out", str(tmp_path / "b")])
     assert first["digest"] == second["digest"]
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
     assert (tmp_path / "a" / "tokenizer.json").read_text() == (tmp_path / "b" / "tokenizer.json").read_text()
-    other = module.main(["--quick", "--seed", "4", "--out", str(tmp_path / "c")])
+    other = script.main(["--quick", "--seed", "4", "--out", str(tmp_path / "c")])
     assert other["digest"] != first["digest"]
 
 
@@ -105,25 +90,23 @@ def test_quick_pretraining_is_deterministic(tmp_path):
 def test_option_stage_starts_from_a_folder_and_is_deterministic(tmp_path):
     """Stage 2 (option-only cloning) from a stage-1 folder: same seed, same bits; it moves the weights; it only
     ever trains on ``choose`` candidates."""
-    module = _pretrain_module()
-    module.main(["--quick", "--seed", "3", "--out", str(tmp_path / "s1")])
+    script.main(["--quick", "--seed", "3", "--out", str(tmp_path / "s1")])
     stage2 = ["--quick", "--seed", "3", "--init", str(tmp_path / "s1"), "--option-steps", "2"]
-    first = module.main([*stage2, "--out", str(tmp_path / "a")])
-    second = module.main([*stage2, "--out", str(tmp_path / "b")])
+    first = script.main([*stage2, "--out", str(tmp_path / "a")])
+    second = script.main([*stage2, "--out", str(tmp_path / "b")])
     assert first["digest"] == second["digest"] != first["stage1"]["init_digest"]
     assert first["stage2"]["decisions"] > 0 and 0.0 <= first["stage2"]["held_out_acc"] <= 1.0
     assert (tmp_path / "a" / "tokenizer.json").read_text() == (tmp_path / "s1" / "tokenizer.json").read_text()
-    assert "--init" in module.command_line(first["args"]) and "--option-steps 2" in module.command_line(first["args"])
+    assert "--init" in script.command_line(first["args"]) and "--option-steps 2" in script.command_line(first["args"])
 
 
 def test_option_decisions_target_a_named_value():
-    module = _pretrain_module()
     from envs.webshop_bridge import load_webshop
 
-    shop = load_webshop(module.DATA, seed=module.CATALOG_SEED)
+    shop = load_webshop(pretrain.DATA, seed=pretrain.CATALOG_SEED)
     goals = list(shop.split("train"))[:40]
-    decisions = module.option_decisions(shop, goals, 0)
+    decisions = pretrain.option_decisions(shop, goals, 0)
     assert decisions
     for prompt, candidates, target in decisions:
-        assert "| page: item |" in prompt and module.is_option(candidates[target])
+        assert "| page: item |" in prompt and pretrain.is_option(candidates[target])
         assert candidates[target][len("choose "):] in prompt.split(" | page:")[0]

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from experiments import pretrain_generate_policy as recipe
+from experiments.lib.pretrain import CATALOG_SEED, DATA, generate_agent
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -14,8 +15,8 @@ def test_demonstrations_are_generate_mode_prompts_and_written_actions():
     from envs.webshop_bridge import WebShopTextEnv, load_webshop
     from esjax.agent.policy import load_policy
 
-    agent = recipe.generate_agent(load_policy("embedded"))
-    shop = load_webshop(recipe.DATA, seed=recipe.CATALOG_SEED)
+    agent = generate_agent(load_policy("embedded"))
+    shop = load_webshop(DATA, seed=CATALOG_SEED)
     goals = list(shop.split("train"))[:3]
     pairs, reward = recipe.demonstrations(shop, goals, agent, hasty=0.0, seed=0)
     assert 0.0 < reward <= 1.0 and len(pairs) >= 3 * 3  # search, open, (options), buy per goal
@@ -40,8 +41,8 @@ def test_first_hit_teacher_opens_the_first_result_and_clicks_the_goals_options()
     from envs.webshop_bridge import load_webshop
     from esjax.agent.policy import load_policy
 
-    agent = recipe.generate_agent(load_policy("embedded"))
-    shop = load_webshop(recipe.DATA, seed=recipe.CATALOG_SEED)
+    agent = generate_agent(load_policy("embedded"))
+    shop = load_webshop(DATA, seed=CATALOG_SEED)
     goals = list(shop.split("train"))[:6]
     steps, reward = recipe.teacher_steps(shop, goals, agent, hasty=0.0, seed=0, teacher="first-hit")
     assert 0.0 < reward <= 1.0
@@ -85,9 +86,9 @@ def test_scratch_quick_mode_is_deterministic_and_copies_product_ids_as_one_token
     from esjax.agent.policy import load_policy
 
     policy = load_policy("hf", str(tmp_path / "a"))
-    shop = load_webshop(recipe.DATA, seed=recipe.CATALOG_SEED)
+    shop = load_webshop(DATA, seed=CATALOG_SEED)
     asin = shop.product(0).asin.lower()
-    agent = recipe.generate_agent(policy)
+    agent = generate_agent(policy)
     assert len(agent.tokenizer.encode(f" click[{asin}]").ids) == 4  # ' click', '[', the id, ']'
     assert policy.config.num_layers == 3 and policy.config.vocab_size >= agent.tokenizer.get_vocab_size()
     assert agent.chat_template is not None and agent.stop_token_ids == {1}

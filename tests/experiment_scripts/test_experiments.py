@@ -9,6 +9,7 @@ import pytest
 from run_settings import tiny_random
 
 from experiments import report, staleness_grid, wallclock
+from experiments.lib.grid import all_cells, select_cells
 
 TINY = tiny_random(updates=2, eval_every=1, checkpoint_every=100, population=8, eval_goals=6, max_steps=6,
                    quiet=False)
@@ -22,18 +23,18 @@ def _grid_args(out, *extra):
 
 
 def test_cells_cover_the_grid():
-    names = [c.name for c in staleness_grid.all_cells()]
+    names = [c.name for c in all_cells()]
     assert len(names) == len(set(names))
     assert {"sync", "async-K1", "async-K2", "extreme-lag", "k8-p0.5", "k1-p0.1", "k2-p1"} <= set(names)
     assert {"async-G4", "delay4", "delay8", "all-stale-k1"} <= set(names)  # the paper's named cells
-    assert len([c for c in staleness_grid.all_cells()
+    assert len([c for c in all_cells()
                 if c.family in ("controlled", "all_stale") and c.origin == "ours"]) == 16
-    assert [c.name for c in staleness_grid.select_cells("k4-*")] == ["k4-p0.1", "k4-p0.25", "k4-p0.5", "k4-p1"]
-    runs = staleness_grid.plan(staleness_grid.all_cells(), (0, 1, 2), (0, 1))
-    shards = [staleness_grid.plan(staleness_grid.all_cells(), (0, 1, 2), (i, 3)) for i in range(3)]
+    assert [c.name for c in select_cells("k4-*")] == ["k4-p0.1", "k4-p0.25", "k4-p0.5", "k4-p1"]
+    runs = staleness_grid.plan(all_cells(), (0, 1, 2), (0, 1))
+    shards = [staleness_grid.plan(all_cells(), (0, 1, 2), (i, 3)) for i in range(3)]
     assert sorted((c.name, s) for sh in shards for c, s in sh) == sorted((c.name, s) for c, s in runs)
     with pytest.raises(SystemExit):
-        staleness_grid.select_cells("nope")
+        select_cells("nope")
 
 
 def test_grid_report_and_wallclock(tmp_path, capsys):

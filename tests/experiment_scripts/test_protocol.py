@@ -1,11 +1,15 @@
 """The staleness study's pre-registration, checked from git history (experiments/protocol_check.py)."""
 
+import dataclasses
+import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from experiments import protocol_check, protocol_power, staleness_grid
+from experiments.lib import study
+from experiments.lib.grid import select_cells
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,29 +54,31 @@ def test_records_after_the_protocol_pass_and_no_protocol_fails(tmp_path):
 
 
 # ------------------------------------------------------------------ the margin and n, computed by the protocol's rule
-def test_margin_and_n_follow_from_the_committed_main_job_runs():
+def test_margin_and_n_follow_from_the_committed_main_job_runs(capsys):
     """issue 31's frozen main job (seeds 0-7, committed) sets the study's margin and n: G 9.66 -> m 3.3, n 24."""
-    power = protocol_power.protocol_power()
+    power = study.protocol_power()
     assert power.gain == pytest.approx(9.66, abs=0.01) and power.margin == 3.3
     assert power.final_sd == pytest.approx(2.34, abs=0.01) and power.sigma_d == pytest.approx(4.48, abs=0.01)
     assert power.n == 24 and power.feasible
+    assert protocol_power.main(["--json"]) == 0  # the command prints the same numbers
+    assert json.loads(capsys.readouterr().out) == dataclasses.asdict(power)
 
 
 def test_power_rule_rounds_down_the_margin_up_to_even_n_and_refuses_over_40():
     initial = [60.0] * 8
-    steady = protocol_power.power_from_scores(initial, [70.0, 70.5, 69.5, 70.2, 69.8, 70.1, 69.9, 70.0])
+    steady = study.power_from_scores(initial, [70.0, 70.5, 69.5, 70.2, 69.8, 70.1, 69.9, 70.0])
     assert steady.margin == 3.5 and steady.n == 8  # at least 8 seeds, even when fewer would do
-    noisy = protocol_power.power_from_scores(initial, [62.0, 70.0, 78.0, 64.0, 76.0, 66.0, 74.0, 68.0])
+    noisy = study.power_from_scores(initial, [62.0, 70.0, 78.0, 64.0, 76.0, 66.0, 74.0, 68.0])
     assert noisy.margin == 3.4 and noisy.n > 40 and not noisy.feasible  # mean gain 9.75: 3.41 rounds down
-    flat = protocol_power.power_from_scores(initial, [60.0] * 8)
+    flat = study.power_from_scores(initial, [60.0] * 8)
     assert flat.margin == 0.0 and flat.n is None and not flat.feasible  # no gain: no margin, not run
-    assert not protocol_power.power_from_scores(initial, [60.0, 60.1] * 4).feasible
-    mid = protocol_power.power_from_scores(initial, [67.0, 71.0, 69.5, 72.5, 68.0, 70.0, 73.0, 66.5])
+    assert not study.power_from_scores(initial, [60.0, 60.1] * 4).feasible
+    mid = study.power_from_scores(initial, [67.0, 71.0, 69.5, 72.5, 68.0, 70.0, 73.0, 66.5])
     assert mid.n % 2 == 0 and 8 <= mid.n <= 40
 
 
 def test_the_study_runs_every_cell_of_a_seed_in_one_shard_from_seed_100():
-    cells = staleness_grid.select_cells("sync,async-G4,delay8,all-stale-k1")
+    cells = select_cells("sync,async-G4,delay8,all-stale-k1")
     seeds = tuple(range(100, 124))
     shards = [staleness_grid.plan(cells, seeds, (i, 2)) for i in range(2)]
     for i, runs in enumerate(shards):

@@ -6,11 +6,13 @@ from pathlib import Path
 
 import yaml
 
-from experiments import protocol_power, study_report
+from experiments import study_report
+from experiments.lib.figures import write_study_figure
+from experiments.lib.runs import scan_grid
+from experiments.lib.study import FAMILIES, Power
 
 SEEDS = list(range(100, 108))
-POWER = protocol_power.Power(gain=10.0, final_sd=2.0, final_sd_upper=2.7, sigma_d=3.8, margin=3.0, n=8,
-                             feasible=True)
+POWER = Power(gain=10.0, final_sd=2.0, final_sd_upper=2.7, sigma_d=3.8, margin=3.0, n=8, feasible=True)
 
 
 def test_committed_report_is_what_the_committed_records_give():
@@ -66,15 +68,12 @@ def test_a_complete_primary_family_gets_its_verdicts(tmp_path):
     secondary = study_report.render(root, POWER).split("## Secondary family")[1].split("## Reproducibility")[0]
     assert "Incomplete: **no verdict and no effect size**" in secondary
     assert "](staleness_study.png)" in text.split("## Secondary family")[0]
-    from experiments.report import scan_grid
-
-    figure = study_report.write_figure(scan_grid(root, "webshop_small").grid, study_report.FAMILIES["primary"], SEEDS,
-                                       POWER.margin, tmp_path / "figure.png")
+    figure = write_study_figure(scan_grid(root, "webshop_small").grid, FAMILIES["primary"], SEEDS, POWER.margin,
+                                tmp_path / "figure.png")
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_an_infeasible_n_reports_that_the_study_is_not_run(tmp_path):
-    power = protocol_power.Power(gain=6.4, final_sd=3.8, final_sd_upper=5.1, sigma_d=7.2, margin=2.2, n=128,
-                                 feasible=False)
+    power = Power(gain=6.4, final_sd=3.8, final_sd_upper=5.1, sigma_d=7.2, margin=2.2, n=128, feasible=False)
     text = study_report.render(tmp_path, power)
     assert "**not run**" in text and "## Progress" not in text

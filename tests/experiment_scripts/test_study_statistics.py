@@ -1,6 +1,7 @@
-"""Statistics and cell definitions of the staleness study (experiments/report.py, experiments/staleness_grid.py):
-paired TOST verdicts, Holm, the power / seed-count computation, the report end to end on fake run directories,
-and the paper's named cells and the real-WebShop preset. No training: everything here runs in seconds."""
+"""Statistics and cell definitions of the staleness study (esjax.rundir.stats, experiments/lib/runs.py,
+experiments/lib/grid.py, experiments/report.py): paired TOST verdicts, Holm, the power / seed-count computation, the
+report end to end on fake run directories, and the paper's named cells and the real-WebShop preset. No training:
+everything here runs in seconds."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ import pytest
 import yaml
 
 from esjax.loop.schedules import stale_count
+from esjax.rundir.stats import holm, paired_test, seeds_needed, seeds_normal, tost_power, verdict
 from experiments import report, staleness_grid
+from experiments.lib.grid import DATASETS, PRESETS, all_cells, paper_cells, select_cells
+from experiments.lib.published import PUBLISHED_LABEL
+from experiments.lib.runs import compare_with_sync, paired_delta, scan_grid
 
 # ---------------------------------------------------------------------------------------------------------
 # TOST, Holm, verdicts
@@ -31,7 +36,7 @@ def _grid(deltas: dict[str, list[float]], base: list[float] | None = None) -> di
 
 
 def test_paired_test_values_by_hand():
-    t = report.paired_test([1.0, 2.0, 3.0, 4.0], margin=3.0)
+    t = paired_test([1.0, 2.0, 3.0, 4.0], margin=3.0)
     # mean 2.5, SD sqrt(5/3) = 1.2910, SE 0.6455, t(0.95, 3) = 2.3534, t(0.975, 3) = 3.1824
     assert t["n"] == 4 and t["mean"] == pytest.approx(2.5) and t["sd"] == pytest.approx(1.290994, abs=1e-6)
     assert t["low90"] == pytest.approx(2.5 - 2.353363 * 0.645497, abs=1e-5)
@@ -54,20 +59,20 @@ def test_paired_delta_pairs_by_seed_not_by_position():
     *same seed* (a zip by position would pair 3 with 1 below) and skips seeds one side lacks."""
     sync = [{"seed": s, "final": 10.0 * s} for s in (3, 1, 2, 5)]  # seed 4 missing in sync
     cell = [{"seed": s, "final": 10.0 * s + s} for s in (1, 4, 2, 3)]  # seed 5 missing in the cell
-    d = report.paired_delta(cell, sync)
+    d = paired_delta(cell, sync)
     assert d["seeds"] == [1, 2, 3] and d["diffs"] == [1.0, 2.0, 3.0]
     assert d["mean"] == pytest.approx(2.0)
 
 
 def test_paired_test_with_zero_sd_is_decided_exactly():
     """A constant Δ has SE 0: the t statistics are undefined, the verdicts are not."""
-    zero = report.paired_test([0.0, 0.0, 0.0], margin=1.5)
+    zero = paired_test([0.0, 0.0, 0.0], margin=1.5)
     assert (zero["sd"], zero["p_diff"], zero["p_lower"], zero["p_upper"], zero["p_tost"]) == (0.0, 1.0, 0.0, 0.0, 0.0)
-    inside = report.paired_test([1.0, 1.0, 1.0], margin=1.5)  # different from 0, equivalent within ±1.5
+    inside = paired_test([1.0, 1.0, 1.0], margin=1.5)  # different from 0, equivalent within ±1.5
     assert (inside["p_diff"], inside["p_lower"], inside["p_upper"], inside["p_tost"]) == (0.0, 0.0, 0.0, 0.0)
-    above = report.paired_test([2.0, 2.0], margin=1.5)  # outside the margin: not equivalent
+    above = paired_test([2.0, 2.0], margin=1.5)  # outside the margin: not equivalent
     assert (above["p_diff"], above["p_lower"], above["p_upper"], above["p_tost"]) == (0.0, 0.0, 1.0, 1.0)
-    below = report.paired_test([-2.0, -2.0], margin=1.5)
+    below = paired_test([-2.0, -2.0], margin=1.5)
     assert (below["p_lower"], below["p_upper"], below["p_tost"]) == (1.0, 0.0, 1.0)
 
 
@@ -76,7 +81,7 @@ def test_tost_p_below_alpha_iff_90ci_inside_margin():
     for _ in range(200):
         n = int(rng.integers(2, 12))
         diffs = rng.normal(rng.uniform(-4, 4), rng.uniform(0.1, 5), n)
-        t = report.paired_test(diffs.tolist(), margin=3.0, alpha=0.05)
+        t = paired_test(diffs.tolist(), margin=3.0, alpha=0.05)
         inside = t["low90"] > -3.0 and t["high90"] < 3.0
         assert (t["p_tost"] < 0.05) == inside
 
@@ -89,7 +94,7 @@ def test_verdicts_on_synthetic_paired_data():
         "all-stale-k1": [8.0, -9.0, 7.0, -6.0, 10.0, -8.0],  # noisy: inconclusive, though its CI contains 0
         "async-K1": [0.1],  # one pair: inconclusive, not testable
     }
-    tests = report.compare_with_sync(_grid(deltas), "final", margin=3.0)
+    tests = compare_with_sync(_grid(deltas), "final", margin=3.0)
     assert {n: t["verdict"] for n, t in tests.items()} == {
         "async-G4": "equivalent within m", "delay8": "worse", "delay4": "better",
         "all-stale-k1": "inconclusive", "async-K1": "inconclusive"}
@@ -99,31 +104,31 @@ def test_verdicts_on_synthetic_paired_data():
     assert noisy["low95"] < 0 < noisy["high95"]  # a CI containing 0 ...
     assert noisy["p_tost_holm"] > 0.05  # ... is not equivalence
     # AUC: the fake curves move half as much; ±5 is still better / worse, ±0.15 still equivalent
-    auc = report.compare_with_sync(_grid(deltas), "auc", margin=3.0)
+    auc = compare_with_sync(_grid(deltas), "auc", margin=3.0)
     assert [auc[n]["verdict"] for n in ("async-G4", "delay8", "delay4")] == ["equivalent within m", "worse", "better"]
     assert auc["delay8"]["mean"] == pytest.approx(-5.025)
 
 
 def test_equivalence_takes_precedence_over_a_tiny_detected_difference():
     # Δ ≈ −1 measured precisely: different from 0, but its whole 90% interval is inside ±3.
-    tests = report.compare_with_sync(_grid({"delay4": [-1.0, -1.1, -0.9, -1.05, -0.95, -1.0]}), "final", 3.0)
+    tests = compare_with_sync(_grid({"delay4": [-1.0, -1.1, -0.9, -1.05, -0.95, -1.0]}), "final", 3.0)
     t = tests["delay4"]
     assert t["p_diff_holm"] < 0.05 and t["p_tost_holm"] < 0.05
     assert t["verdict"] == "equivalent within m"
     assert "detectably different from 0" in report._verdict_text(t, 3.0)
     # with a margin below |Δ| the same data are "worse"
-    assert report.compare_with_sync(_grid({"delay4": [-1.0, -1.1, -0.9, -1.05, -0.95, -1.0]}), "final",
+    assert compare_with_sync(_grid({"delay4": [-1.0, -1.1, -0.9, -1.05, -0.95, -1.0]}), "final",
                                     0.5)["delay4"]["verdict"] == "worse"
 
 
 def test_holm_against_hand_computation():
     # sorted: 0.005·4 = 0.02, 0.01·3 = 0.03, 0.03·2 = 0.06, 0.04·1 = 0.04 -> max(0.06, 0.04) = 0.06
-    assert report.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    assert report.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1 (0.5·2), monotone
-    out = report.holm([0.01, float("nan"), 0.04])  # NaN: no test, not in the family (m = 2)
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1 (0.5·2), monotone
+    out = holm([0.01, float("nan"), 0.04])  # NaN: no test, not in the family (m = 2)
     assert out[0] == pytest.approx(0.02) and math.isnan(out[1]) and out[2] == pytest.approx(0.04)
-    assert report.verdict(-2.0, 0.01, 0.2) == "worse" and report.verdict(2.0, 0.01, 0.2) == "better"
-    assert report.verdict(2.0, 0.2, 0.2) == "inconclusive" and report.verdict(0.0, 0.9, 0.01) == "equivalent within m"
+    assert verdict(-2.0, 0.01, 0.2) == "worse" and verdict(2.0, 0.01, 0.2) == "better"
+    assert verdict(2.0, 0.2, 0.2) == "inconclusive" and verdict(0.0, 0.9, 0.01) == "equivalent within m"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -133,14 +138,14 @@ def test_holm_against_hand_computation():
 
 def test_seed_counts_match_the_reference_formula():
     # REFERENCES.md: α = 0.05, power 0.8, σ ≈ 6, m = 3 -> n ≈ (1.645 + 1.282)²·36/9 = 34.3
-    assert report.seeds_normal(6.0, 3.0) == pytest.approx(34.255, abs=0.01)
-    assert round(report.seeds_normal(6.0, 3.0)) == 34
-    assert report.seeds_normal(3.0, 3.0) == pytest.approx(34.255 / 4, abs=0.01)  # halving σ cuts n by four
+    assert seeds_normal(6.0, 3.0) == pytest.approx(34.255, abs=0.01)
+    assert round(seeds_normal(6.0, 3.0)) == 34
+    assert seeds_normal(3.0, 3.0) == pytest.approx(34.255 / 4, abs=0.01)  # halving σ cuts n by four
     # the exact t computation asks for a little more than the normal formula
-    assert report.seeds_needed(6.0, 3.0) == 36
-    assert report.tost_power(35, 6.0, 3.0) < 0.8 <= report.tost_power(36, 6.0, 3.0)
-    assert report.seeds_needed(6.0, 3.0, alpha=0.05 / 4) > 36
-    assert report.seeds_needed(0.0, 3.0) == 2 and report.seeds_needed(math.nan, 3.0) is None
+    assert seeds_needed(6.0, 3.0) == 36
+    assert tost_power(35, 6.0, 3.0) < 0.8 <= tost_power(36, 6.0, 3.0)
+    assert seeds_needed(6.0, 3.0, alpha=0.05 / 4) > 36
+    assert seeds_needed(0.0, 3.0) == 2 and seeds_needed(math.nan, 3.0) is None
 
 
 @pytest.mark.parametrize("n", [3, 10, 36])
@@ -152,17 +157,17 @@ def test_tost_power_matches_simulation(n):
     mean, se = x.mean(1), x.std(1, ddof=1) / math.sqrt(n)
     q = stats.t.ppf(0.95, n - 1)
     simulated = np.mean((mean - q * se > -3) & (mean + q * se < 3))
-    assert report.tost_power(n, 6.0, 3.0) == pytest.approx(simulated, abs=0.01)
+    assert tost_power(n, 6.0, 3.0) == pytest.approx(simulated, abs=0.01)
 
 
 def test_power_rows_per_cell_and_overall():
     deltas = {"async-G4": [6.0, -6.0, 6.0, -6.0], "delay4": [3.0, -3.0, 3.0, -3.0]}
-    tests = report.compare_with_sync(_grid(deltas), "final", 3.0)
+    tests = compare_with_sync(_grid(deltas), "final", 3.0)
     rows = {r["cell"]: r for r in report.power_rows(tests, 3.0)}
     assert rows["async-G4"]["sd"] == pytest.approx(math.sqrt(48.0))  # SD of ±6 over 4 seeds
-    assert rows["async-G4"]["power_now"] == pytest.approx(report.tost_power(4, math.sqrt(48.0), 3.0))
-    assert rows["async-G4"]["needed"] == report.seeds_needed(math.sqrt(48.0), 3.0)
-    assert rows["async-G4"]["needed_holm"] == report.seeds_needed(math.sqrt(48.0), 3.0, alpha=0.025)
+    assert rows["async-G4"]["power_now"] == pytest.approx(tost_power(4, math.sqrt(48.0), 3.0))
+    assert rows["async-G4"]["needed"] == seeds_needed(math.sqrt(48.0), 3.0)
+    assert rows["async-G4"]["needed_holm"] == seeds_needed(math.sqrt(48.0), 3.0, alpha=0.025)
     overall = rows["overall (pooled SD)"]
     assert overall["sd"] == pytest.approx(math.sqrt((48.0 + 12.0) / 2)) and overall["df"] == 6
     assert overall["sd_upper"] > overall["sd"] and overall["needed_upper"] > overall["needed_holm"]
@@ -222,7 +227,7 @@ def fake_runs(tmp_path):
 
 
 def test_scan_lists_failed_unfinished_excluded_and_missing(fake_runs):
-    scan = report.scan_grid(fake_runs, "webshop_small")
+    scan = scan_grid(fake_runs, "webshop_small")
     assert sorted(scan.grid) == ["all-stale-k1", "async-G4", "async-K1", "delay4", "delay8", "sync"]
     assert scan.expected_seeds == [0, 1, 2, 3, 4, 5]
     assert scan.failed == [("async-K2", 0, "RuntimeError('boom')")]
@@ -282,13 +287,13 @@ def test_report_end_to_end(fake_runs, tmp_path, capsys):
     prow = rows(power.split("### final score", 1)[1].split("###", 1)[0])
     sd = float(np.std([8.0, -9.0, 7.0, -6.0, 10.0, -8.0], ddof=1))
     assert prow["all-stale-k1"][1] == f"{sd:.2f}" and prow["all-stale-k1"][2] == "6"
-    assert prow["all-stale-k1"][4] == str(report.seeds_needed(sd, 3.0))
-    assert prow["all-stale-k1"][5] == f"{report.seeds_normal(sd, 3.0):.1f}"
-    assert prow["all-stale-k1"][6] == str(report.seeds_needed(sd, 3.0, alpha=0.05 / 4))
+    assert prow["all-stale-k1"][4] == str(seeds_needed(sd, 3.0))
+    assert prow["all-stale-k1"][5] == f"{seeds_normal(sd, 3.0):.1f}"
+    assert prow["all-stale-k1"][6] == str(seeds_needed(sd, 3.0, alpha=0.05 / 4))
     assert "overall (pooled SD)" in prow and prow["async-K1"][1] == "—"
 
     published = section("Published numbers")
-    assert report.PUBLISHED_LABEL in published
+    assert PUBLISHED_LABEL in published
     assert re.search(r"\| delay-8 \(27 fresh \+ 3 delayed by exactly 8\) \| 22\.3 \| -3\.1 \| delay8 \|", published)
     findings = section("The published findings, tested here")
     assert "async-G4" in findings and "measured stale share 0.19" in findings
@@ -313,8 +318,8 @@ def test_report_seeds_option_and_margin(fake_runs, tmp_path):
 
 
 def test_paper_cells_and_ours():
-    cells = {c.name: c for c in staleness_grid.all_cells()}
-    paper = [c.name for c in staleness_grid.paper_cells()]
+    cells = {c.name: c for c in all_cells()}
+    paper = [c.name for c in paper_cells()]
     assert paper == ["sync", "async-G4", "async-K1", "delay4", "delay8", "all-stale-k1"]
     assert all(cells[n].origin == "paper" for n in paper)
     assert all(c.origin == "ours" for n, c in cells.items() if n not in paper)
@@ -327,16 +332,16 @@ def test_paper_cells_and_ours():
     assert [stale_count(cells["delay8"].p, n) for n in (30, 16, 8)] == [3, 2, 1]
     assert {c.name: c.same_as for c in cells.values() if c.same_as} == {
         "k4-p0.1": "delay4", "k8-p0.1": "delay8", "k1-p1": "all-stale-k1"}
-    default = [c.name for c in staleness_grid.select_cells(None)]
+    default = [c.name for c in select_cells(None)]
     assert "k4-p0.1" not in default and "delay4" in default and "k4-p0.25" in default
-    assert [c.name for c in staleness_grid.select_cells("paper")] == paper
-    assert [c.name for c in staleness_grid.select_cells("delay*,all-stale-*")] == ["delay4", "delay8", "all-stale-k1"]
-    assert [c.name for c in staleness_grid.select_cells("async-G4,k4-p0.1")] == ["async-G4", "k4-p0.1"]
-    assert "async-G4" not in [c.name for c in staleness_grid.select_cells("ours")]
+    assert [c.name for c in select_cells("paper")] == paper
+    assert [c.name for c in select_cells("delay*,all-stale-*")] == ["delay4", "delay8", "all-stale-k1"]
+    assert [c.name for c in select_cells("async-G4,k4-p0.1")] == ["async-G4", "k4-p0.1"]
+    assert "async-G4" not in [c.name for c in select_cells("ours")]
 
 
 def test_real_preset():
-    real, quick = staleness_grid.PRESETS["real"], staleness_grid.PRESETS["quick"]
+    real, quick = PRESETS["real"], PRESETS["quick"]
     assert set(real) == set(quick)
     assert real["data"] == "webshop_small" and real["cells"] == "paper"
     over = real["overrides"]
@@ -347,8 +352,8 @@ def test_real_preset():
     # every 5 updates (experiments/protocol.md) instead of 15
     from esjax.config import config_to_yaml, load_config
 
-    cell = next(c for c in staleness_grid.all_cells() if c.name == "async-K1")
-    base = staleness_grid.DATASETS["webshop_small"]
+    cell = next(c for c in all_cells() if c.name == "async-K1")
+    base = DATASETS["webshop_small"]
     grid = yaml.safe_load(config_to_yaml(load_config(base, [*over, *cell.overrides(real["extreme_max_lag"])])))
     main_job = yaml.safe_load(config_to_yaml(load_config(base)))
     for key in ("progress", "eval_every"):
@@ -356,7 +361,7 @@ def test_real_preset():
     assert grid == main_job
     assert "env.max_steps=10" not in over and not any(o.startswith("env.num_products") for o in over)
     assert "env.max_steps=10" in quick["overrides"]
-    assert "env.max_steps=10" in staleness_grid.PRESETS["full"]["overrides"]
+    assert "env.max_steps=10" in PRESETS["full"]["overrides"]
 
 
 def test_real_preset_cli(tmp_path, capsys):
@@ -364,7 +369,7 @@ def test_real_preset_cli(tmp_path, capsys):
     listed = [line.split() for line in capsys.readouterr().out.splitlines()]
     assert listed[:6] == [["todo", n, "seed0"] for n in ("sync", "async-G4", "async-K1", "delay4", "delay8",
                                                           "all-stale-k1")]
-    assert len(listed) == 6 * len(staleness_grid.PRESETS["real"]["seeds"])
+    assert len(listed) == 6 * len(PRESETS["real"]["seeds"])
     with pytest.raises(SystemExit):
         staleness_grid.main(["--preset", "real", "--data", "synthetic", "--out", str(tmp_path), "--list"])
     with pytest.raises(SystemExit):
