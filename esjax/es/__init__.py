@@ -9,7 +9,7 @@ Fitness is maximized everywhere here except in :mod:`esjax.es.evosax_compat`, wh
 
 # ruff: noqa: F401  (the names below __all__ stay importable from esjax.es for existing code)
 
-from esjax.es import schedules, shaping
+from esjax.es import shaping, sigma_schedules
 from esjax.es.gradient import auto_chunk_size, merge_draws, weighted_noise_sum
 from esjax.es.noise import (
     NoiseSpec,
@@ -28,13 +28,14 @@ from esjax.es.noise import (
     perturbed_leaves,
     perturbed_params,
 )
-from esjax.es.schedules import Constant, Cosine, Linear, constant, cosine, linear
 from esjax.es.shaping import centered_ranks, evosax_shaping, get_shaping, raw, shape, z_score
+from esjax.es.sigma_schedules import Constant, Cosine, Linear, constant, cosine, linear
 from esjax.es.step import ES, ESConfig, ESState, es_gradient, init, member_coefficients, update
 
 #: The library face: the ES object (ask / tell / update), its config and state, the functional init / update, what
 #: a scope perturbs, the perturbed forward's building blocks, the default shaping and the σ schedules. Everything
-#: else imported above stays importable from here or from its submodule (noise, gradient, shaping, schedules, step).
+#: else imported above stays importable from here or from its submodule (noise, gradient, shaping, sigma_schedules,
+#: step).
 __all__ = [
     "ES",
     "ESConfig",

@@ -47,7 +47,7 @@ from esjax.es import shaping as shaping_lib
 from esjax.es.gradient import chunked_draws, draw_chunk, scoped_leaves, weighted_noise_sum
 from esjax.es.grouped import UPDATE_CHUNK_BYTES, grouped_step, leaf_groups
 from esjax.es.noise import NoiseSpec, default_scope_warning, perturbed_leaves, perturbed_params
-from esjax.es.schedules import SigmaSchedule, as_schedule
+from esjax.es.sigma_schedules import SigmaSchedule, as_schedule
 
 PyTree = Any
 Scale = Literal["nes", "llm"]
@@ -59,7 +59,7 @@ class ESConfig:
 
     Attributes:
       noise: the run's :class:`~esjax.es.noise.NoiseSpec` (seed, mode, rank, antithetic, scope).
-      sigma: noise scale σ, a float or a schedule of the version (:mod:`esjax.es.schedules`).
+      sigma: noise scale σ, a float or a schedule of the version (:mod:`esjax.es.sigma_schedules`).
       learning_rate: step size α (float or optax schedule) of the named optimizer.
       scale: ``'llm'`` (``c = 1/N``, σ folded into α) or ``'nes'`` (``c = 1/(Nσ)``).
       shaping: ``'centered_ranks'`` (default), ``'z_score'``, ``'raw'``, a ``fn(fitness, valid)``, or any

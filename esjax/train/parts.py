@@ -35,7 +35,7 @@ from esjax.config.schema import (
     ScheduleSection,
 )
 from esjax.es.noise import NoiseSpec, Scope
-from esjax.es.schedules import constant, cosine, linear
+from esjax.es.sigma_schedules import constant, cosine, linear
 from esjax.es.step import ESConfig, ESState
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig
 from esjax.loop.engine import ESUpdate
