@@ -27,8 +27,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig  # noqa: E402
-from esjax.loop.schedules import Async, Controlled, Sync  # noqa: E402
 from esjax.loop.simulate import Empirical, simulate  # noqa: E402
+from esjax.loop.staleness import Async, Controlled, Sync  # noqa: E402
 from experiments.report import read_grid, results_dir  # noqa: E402
 from experiments.staleness_grid import DEFAULT_OUT  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 A new task plugs in by implementing these (the WebShop bridge's ``EnvPool``, ``esjax.agent.webshop.WebShopAgent``
 (score mode) and ``esjax.agent.react.GenerateAgent`` (generate mode) are the reference implementations); the
-loop itself never imports a task. The staleness schedule's seam is :class:`esjax.loop.schedules.Schedule`.
+loop itself never imports a task. The staleness schedule's seam is :class:`esjax.loop.staleness.Schedule`.
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ def deterministic_run(mesh: Any, *, updates: int = 3, population: int = 4, max_l
 
     from esjax.loop.coordinator import Coordinator, CoordinatorConfig, apply_cohorts
     from esjax.loop.engine import ESUpdate
-    from esjax.loop.schedules import Async
+    from esjax.loop.staleness import Async
     from esjax.model.params import init_params
     from esjax.model.perturb import Perturbation
     from esjax.model.sharding import pad_rows_to

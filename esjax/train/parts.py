@@ -41,7 +41,7 @@ from esjax.loop.coordinator import Coordinator, CoordinatorConfig
 from esjax.loop.engine import ESUpdate
 from esjax.loop.protocols import EnvPool
 from esjax.loop.rollout import RolloutEngine
-from esjax.loop.schedules import Schedule, make_schedule
+from esjax.loop.staleness import Schedule, make_schedule
 from esjax.rundir.checkpoint import Checkpointer
 from esjax.rundir.directory import resume_config
 

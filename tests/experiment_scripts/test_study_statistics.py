@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from esjax.loop.schedules import stale_count
+from esjax.loop.staleness import stale_count
 from experiments import report, staleness_grid
 
 # ---------------------------------------------------------------------------------------------------------
