@@ -85,7 +85,7 @@ class ShardedES:
     """The ES update compiled for one mesh with θ (and its update) sharded by the model's rules.
 
     ``update_fn`` has the signature of :func:`esjax.es.step.update` (``(config, state, versions, indices,
-    fitness) -> (state, metrics)``), so it can be handed to ``esjax.loop.engine.ESUpdate(update_fn=...)``.
+    fitness) -> (state, metrics)``), so it can be handed to ``esjax.loop.es_update.ESUpdate(update_fn=...)``.
     Cohort arrays are tiny and replicated; metrics come back replicated.
 
     Args:

@@ -38,7 +38,7 @@ from esjax.es.noise import NoiseSpec, Scope
 from esjax.es.sigma_schedules import constant, cosine, linear
 from esjax.es.step import ESConfig, ESState
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig
-from esjax.loop.engine import ESUpdate
+from esjax.loop.es_update import ESUpdate
 from esjax.loop.protocols import EnvPool
 from esjax.loop.rollout import RolloutEngine
 from esjax.loop.staleness import Schedule, make_schedule

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from esjax.loop.coordinator import Coordinator
-from esjax.loop.engine import ESUpdate
+from esjax.loop.es_update import ESUpdate
 from esjax.loop.rollout import RolloutEngine
 from esjax.rundir.checkpoint import Checkpointer
 from esjax.train.evaluations import Evaluations

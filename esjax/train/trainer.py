@@ -38,7 +38,7 @@ import jax
 
 from esjax.config import Config
 from esjax.loop.coordinator import RejectedUpdate
-from esjax.loop.engine import ESUpdate
+from esjax.loop.es_update import ESUpdate
 from esjax.loop.rollout import Episode
 from esjax.loop.types import Result, UpdateRecord
 from esjax.rundir.checkpoint import Checkpointer

@@ -63,7 +63,7 @@ def _digest(params) -> str:
 def record_theta_history(monkeypatch) -> dict[int, str]:
     """θ_v of every version v the ES engine reaches (a digest), recorded as the update makes it: the reference that
     the parameters a member is rolled out with are checked against (independent of any ``params_at``)."""
-    from esjax.loop.engine import ESUpdate
+    from esjax.loop.es_update import ESUpdate
 
     history: dict[int, str] = {}
     init, call = ESUpdate.__init__, ESUpdate.__call__
