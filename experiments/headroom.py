@@ -81,7 +81,7 @@ class Decisions:
 
 
 def evaluate(policy, shop, goals, decisions: Decisions | None, max_steps: int) -> dict:
-    from esjax.train.evaluate import evaluate_policy
+    from esjax.train.standalone_eval import evaluate_policy
 
     class Engine(RolloutEngine):
         def _choose(self, episode, scores):

@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> dict:
               "longest_reply_tokens": max(len(r) for _, r in pairs),
               "final_loss": float(np.mean(losses[-50:])), "final_reply_token_accuracy": float(np.mean(accs[-50:]))}
     if args.eval_goals:
-        from esjax.train.evaluate import evaluate_policy
+        from esjax.train.standalone_eval import evaluate_policy
 
         res = evaluate_policy(policy.config, params, agent, shop, list(shop.split("eval"))[: args.eval_goals],
                               max_steps=MAX_STEPS, max_new_tokens=MAX_REPLY_TOKENS)

@@ -412,8 +412,8 @@ def test_invalid_actions_are_noops_and_counted(shop, hf_policy):
 
 def test_greedy_evaluation_reports_the_invalid_action_rate(shop, hf_policy):
     from esjax.config import load_config
-    from esjax.train.evaluate import evaluate_policy
     from esjax.train.parts import build_generate_agent
+    from esjax.train.standalone_eval import evaluate_policy
 
     agent = build_generate_agent(load_config(None, ["agent.mode=generate", "agent.max_prompt_tokens=256"]).agent,
                                  hf_policy)

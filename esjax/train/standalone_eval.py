@@ -1,7 +1,8 @@
-"""Greedy evaluation of an unperturbed policy on a fixed goal set, with continuous batching.
+"""Standalone greedy evaluation of an unperturbed policy on a fixed goal set (no training run), with continuous
+batching.
 
 Shared by ``python -m esjax.eval`` and the embedded policy's scripts; the trainer runs the same greedy
-episodes interleaved with training rollouts instead.
+episodes interleaved with training rollouts instead (:mod:`esjax.train.evaluations`).
 """
 
 from __future__ import annotations
