@@ -17,8 +17,8 @@ from esjax.loop.coordinator import Coordinator
 from esjax.loop.es_update import ESUpdate
 from esjax.loop.rollout import RolloutEngine
 from esjax.rundir.checkpoint import Checkpointer
-from esjax.train.evaluations import Evaluations
 from esjax.train.inflight import LoopCounters
+from esjax.train.interleaved_eval import Evaluations
 from esjax.train.jobs import MemberJobs
 
 

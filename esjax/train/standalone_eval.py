@@ -2,7 +2,7 @@
 batching.
 
 Shared by ``python -m esjax.eval`` and the embedded policy's scripts; the trainer runs the same greedy
-episodes interleaved with training rollouts instead (:mod:`esjax.train.evaluations`).
+episodes interleaved with training rollouts instead (:mod:`esjax.train.interleaved_eval`).
 """
 
 from __future__ import annotations

@@ -44,8 +44,8 @@ from esjax.loop.types import Result, UpdateRecord
 from esjax.rundir.checkpoint import Checkpointer
 from esjax.rundir.metrics import MetricsWriter, RecordCounter
 from esjax.train import persistence
-from esjax.train.evaluations import Evaluations
 from esjax.train.inflight import LoopCounters, SinceUpdate
+from esjax.train.interleaved_eval import Evaluations
 from esjax.train.jobs import MemberJobs
 from esjax.train.parts import build_run_parts
 from esjax.train.progress import Progress
