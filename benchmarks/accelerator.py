@@ -19,7 +19,7 @@ budget skips what is left):
                 vs the noise-draw floors, built by benchmarks/es_update.py; peak device memory of each
   plan_*        ``esjax.plan.plan_memory``'s prediction vs the measured peak device memory of a rollout
                 prefill (θ + KV cache + low-rank members) and of the update on the model's parameter tree
-  generation    ``esjax.agent.generation.generate`` new tokens/s with low-rank members (greedy, no stops) at
+  generation    ``esjax.agent.batch_generate.generate`` new tokens/s with low-rank members (greedy, no stops) at
                 each row count of the sweep (32 / 64 / 256), decode time apart from the prefill, against the
                 bandwidth roofline (weights + live KV cache per decode step at the device copy bandwidth measured
                 in the same section)
@@ -573,7 +573,7 @@ def section_generation(sizes: Sizes) -> dict[str, Any]:
     import jax
     import numpy as np
 
-    from esjax.agent.generation import generate
+    from esjax.agent.batch_generate import generate
 
     config = _model_config(sizes)
     params = _random_params(config, sizes.dtype)

@@ -39,9 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from esjax.agent.automaton import TurnEvents, turn_ends
+from esjax.agent.batch_generate import top_p_filter
 from esjax.agent.batching import left_pad
 from esjax.agent.buckets import Buckets, next_power_of_two
-from esjax.agent.generation import top_p_filter
 from esjax.model.config import ModelConfig
 from esjax.model.decoder import default_positions, forward, forward_last, init_cache
 from esjax.model.perturb import Perturbation, Prepared, prepare_jit
