@@ -58,7 +58,7 @@ import esjax.train.trainer as driver  # noqa: E402
 from esjax.agent.automaton import START, turn_ends  # noqa: E402
 from esjax.agent.lanes import DECODE_FIELDS  # noqa: E402
 from esjax.config import load_config  # noqa: E402
-from esjax.loop.generate import GenerateEngine  # noqa: E402
+from esjax.loop.generate_rollout import GenerateEngine  # noqa: E402
 from esjax.loop.rollout import RolloutEngine, TickStats  # noqa: E402
 from esjax.rundir.machine import machine_info  # noqa: E402
 
@@ -272,7 +272,7 @@ class SimulatedLaneDevice(SimulatedDevice):
 
     def install(self) -> None:
         import esjax.agent.lanes as lanes
-        import esjax.loop.generate as generate
+        import esjax.loop.generate_rollout as generate
 
         self._originals = (lanes._prefill, lanes._insert, lanes._decode, lanes._shift, lanes.prepare_jit,
                            generate.GenerateEngine.__init__)
@@ -292,7 +292,7 @@ class SimulatedLaneDevice(SimulatedDevice):
 
     def uninstall(self) -> None:
         import esjax.agent.lanes as lanes
-        import esjax.loop.generate as generate
+        import esjax.loop.generate_rollout as generate
 
         (lanes._prefill, lanes._insert, lanes._decode, lanes._shift, lanes.prepare_jit,
          generate.GenerateEngine.__init__) = self._originals
@@ -345,7 +345,7 @@ def measure_simulated_generate(config_path: str, overrides: list[str], milliseco
     per decode step, with the pipelined tick or the serial one (``GenerateEngine(pipelined=False)``)."""
     import functools
 
-    import esjax.loop.generate as generate
+    import esjax.loop.generate_rollout as generate
 
     recorder = Recorder()
     recorder.stats = generate.GenTickStats()  # generate mode's ticks count lanes, rows and steps too

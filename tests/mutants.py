@@ -53,7 +53,7 @@ MUTANTS = [
            "                self.noise, self.sigma_at(max(e.version for e in waiting)), [e.version for e in group]",
            (T + "train/test_trainer.py::test_stale_members_are_rolled_out_with_their_own_versions_parameters",)),
     Mutant("stale lanes decode with the newest θ (generate)", "1: stale member's parameters",
-           "esjax/loop/generate.py",
+           "esjax/loop/generate_rollout.py",
            "            params = params_at(version)\n",
            "            params = params_at(max(versions))\n",
            (T + "train/test_generate_mode.py::test_stale_members_generate_with_their_own_versions_parameters",)),

@@ -46,7 +46,7 @@ from esjax.rundir.checkpoint import Checkpointer
 from esjax.rundir.directory import resume_config
 
 if TYPE_CHECKING:
-    from esjax.loop.generate import GenerateEngine
+    from esjax.loop.generate_rollout import GenerateEngine
 
 
 def shop_spec(env: EnvSection):
@@ -180,7 +180,7 @@ def build_engine(a: AgentSection, pool: EnvPool, agent: WebShopAgent | GenerateA
     sigma_at = functools.lru_cache(maxsize=64)(lambda v: float(es_config.sigma_at(v)))
     if a.mode == "generate":
         from esjax.agent.lanes import Sampling
-        from esjax.loop.generate import GenerateEngine
+        from esjax.loop.generate_rollout import GenerateEngine
 
         return GenerateEngine(pool, agent, policy.config, es_config.noise, sigma_at, max_steps,
                               Sampling(a.temperature, a.top_p, a.top_k), a.max_new_tokens, a.decode_steps,

@@ -33,7 +33,7 @@ def evaluate_policy(model_config: ModelConfig, params: Any, agent: WebShopAgent 
     pool = InProcessEnvPool(shop, max(1, min(batch, len(goals))))
     if isinstance(agent, GenerateAgent):
         from esjax.agent.lanes import Sampling
-        from esjax.loop.generate import GenerateEngine
+        from esjax.loop.generate_rollout import GenerateEngine
 
         engine = GenerateEngine(pool, agent, model_config, NoiseSpec(), lambda v: 0.0, max_steps, Sampling(),
                                 max_new_tokens, max_prompt_tokens=agent.max_prompt_tokens)

@@ -59,7 +59,7 @@ def test_simulated_device_runs_the_loops_host_work_and_leaves_the_real_programs_
 @pytest.mark.slow
 def test_simulated_device_in_generate_mode_writes_replies_that_step_the_env():
     import esjax.agent.lanes as lanes
-    from esjax.loop.generate import GenerateEngine
+    from esjax.loop.generate_rollout import GenerateEngine
 
     module = _benchmark()
     programs = (lanes._prefill, lanes._decode, lanes._insert, lanes._shift, lanes.prepare_jit, GenerateEngine.__init__)
