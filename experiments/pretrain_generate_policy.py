@@ -1,7 +1,7 @@
 """Pretrain a generative WebShop policy (issue 36): behaviour cloning of the recipe's teacher as *written* actions.
 
-Generate mode's agent (``esjax.agent.react.GenerateAgent``) shows the model the instruction, the last actions, the
-page and its available actions, and reads back one action in WebShop's grammar (``search[...]`` / ``click[...]``).
+Generate mode's agent (``esjax.agent.generate_agent.GenerateAgent``) shows the model the instruction, the last actions,
+the page and its available actions, and reads back one action in WebShop's grammar (``search[...]`` / ``click[...]``).
 This recipe teaches a small decoder to write the teacher's action there:
 
 1. Start from a policy folder (``--init``, default: the embedded scoring policy, whose tokenizer and weights

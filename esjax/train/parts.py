@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from esjax.agent.generate_agent import GenerateAgent
 from esjax.agent.policy import LoadedPolicy, load_policy
-from esjax.agent.react import GenerateAgent
 from esjax.agent.webshop import WebShopAgent
 from esjax.config import Config, ConfigError
 from esjax.config.schema import (

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from esjax.agent.react import GenerateAgent
+from esjax.agent.generate_agent import GenerateAgent
 from esjax.agent.webshop import WebShopAgent
 from esjax.es.noise import NoiseSpec
 from esjax.loop.rollout import RolloutEngine

@@ -1,6 +1,6 @@
 """Generate mode (``agent.mode: generate``): the policy writes each WebShop action.
 
-* action parsing and the invalid-action feedback of :mod:`esjax.agent.react`;
+* action parsing and the invalid-action feedback of :mod:`esjax.agent.generate_agent`;
 * decode lanes (:mod:`esjax.agent.lanes`): greedy generation equals ``esjax.agent.batch_generate.generate``, also
   when rows join a lane at different decode steps and the cache is shifted; per-row ES members (low-rank and
   full) equal generation with explicitly perturbed parameters (``esjax.es.noise.perturbed_params``) on a tiny
@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from esjax.agent.batch_generate import generate
+from esjax.agent.generate_agent import GenerateAgent
 from esjax.agent.lanes import PREFILL_BUCKETS, Lane, RowState, Sampling, generate_rows, split_seed
-from esjax.agent.react import GenerateAgent
 from esjax.es.noise import NoiseSpec, perturbed_params
 from esjax.model.params import init_params
 from esjax.model.testing import tiny_config
