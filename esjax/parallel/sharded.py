@@ -227,12 +227,3 @@ def per_device_bytes(tree: PyTree) -> dict[int, int]:
             for shard in leaf.addressable_shards:
                 out[shard.device.id] = out.get(shard.device.id, 0) + int(shard.data.nbytes)
     return out
-
-
-def describe_shardings(tree: PyTree) -> dict[str, str]:
-    """``path -> PartitionSpec`` text of every array leaf (for logs and error messages)."""
-    out = {}
-    for kp, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        sharding = getattr(leaf, "sharding", None)
-        out[path_str(kp)] = str(getattr(sharding, "spec", sharding))
-    return out
