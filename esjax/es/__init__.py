@@ -30,7 +30,7 @@ from esjax.es.noise import (
 )
 from esjax.es.shaping import centered_ranks, evosax_shaping, get_shaping, raw, shape, z_score
 from esjax.es.sigma_schedules import Constant, Cosine, Linear, constant, cosine, linear
-from esjax.es.step import ES, ESConfig, ESState, es_gradient, init, member_coefficients, update
+from esjax.es.step import ES, ESConfig, ESExecution, ESState, es_gradient, init, member_coefficients, update
 
 #: The library face: the ES object (ask / tell / update), its config and state, the functional init / update, what
 #: a scope perturbs, the perturbed forward's building blocks, the default shaping and the σ schedules. Everything
@@ -39,6 +39,7 @@ from esjax.es.step import ES, ESConfig, ESState, es_gradient, init, member_coeff
 __all__ = [
     "ES",
     "ESConfig",
+    "ESExecution",
     "ESState",
     "NoiseSpec",
     "Scope",

@@ -40,12 +40,18 @@ class ESUpdate:
       state: a restored ``ESState`` (resume).
       keep: how many recent versions of θ to keep (K + 1 covers every dispatchable version).
       update_fn: replaces :func:`esjax.es.step.update` (same signature), e.g. the mesh-sharded update of
-        ``esjax.parallel.ShardedES.update_fn``.
+        ``esjax.parallel.ShardedES.update_fn`` (which has its own :class:`~esjax.es.step.ESExecution`).
+      execution: the memory layout of :func:`esjax.es.step.update` (:class:`~esjax.es.step.ESExecution`;
+        default: its defaults); not with ``update_fn``.
     """
 
     def __init__(self, config: Any, params: PyTree = None, *, state: Any = None, keep: int = 1,
-                 update_fn: Any = None) -> None:
-        self._update = update_fn if update_fn is not None else es_step.update
+                 update_fn: Any = None, execution: Any = None) -> None:
+        if update_fn is not None and execution is not None:
+            raise ValueError("ESUpdate: an update_fn brings its own execution; pass one or the other")
+        if update_fn is None:
+            update_fn = es_step.update if execution is None else functools.partial(es_step.update, execution=execution)
+        self._update = update_fn
         self.config = config
         self.state = state if state is not None else es_step.init(config, params)
         self.keep = max(1, keep)

@@ -94,6 +94,7 @@ class ShardedES:
       mesh: a ``('data', 'model')`` mesh.
       donate: donate the input state's buffers (saves one copy of θ; only when no older version of θ is
         kept alive, i.e. K = 0 or θ_{t−k} are not needed).
+      execution: the update's memory layout (an ``ESExecution``; default: its defaults).
     """
 
     es_config: Any
@@ -101,6 +102,7 @@ class ShardedES:
     mesh: Mesh
     donate: bool = False
     dtype: Any = None
+    execution: Any = es_step.DEFAULT_EXECUTION
 
     def __post_init__(self) -> None:
         check_partitionable()
@@ -108,7 +110,8 @@ class ShardedES:
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         rep = self.replicated
         self._jit = jax.jit(
-            lambda state, versions, indices, fitness: es_step.update(self.es_config, state, versions, indices, fitness),
+            lambda state, versions, indices, fitness: es_step.update(self.es_config, state, versions, indices, fitness,
+                                                                     self.execution),
             in_shardings=(self.shardings, rep, rep, rep),
             out_shardings=(self.shardings, rep),
             donate_argnums=(0,) if self.donate else (),

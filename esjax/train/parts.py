@@ -202,7 +202,7 @@ def build_es_config(es: ESSection, seed: int, updates: int) -> ESConfig:
         sigma = cosine(es.sigma, es.sigma_final, updates)
     optimizer = build_optimizer(es)
     # a named optimizer is per-leaf already; the optax Adam built for non-default settings is per-leaf too, so
-    # the update may still step it one group of leaves at a time (ESConfig.update_chunk_bytes)
+    # the update may still step it one group of leaves at a time (ESExecution.update_chunk_bytes)
     return ESConfig(noise=noise, sigma=sigma, learning_rate=es.learning_rate, scale=es.scale,
                     shaping=es.shaping, optimizer=optimizer, weight_decay=es.weight_decay,
                     anchor_decay=es.anchor_decay, per_leaf_optimizer=not isinstance(optimizer, str))
