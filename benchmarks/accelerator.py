@@ -279,7 +279,8 @@ def section_smoke(sizes: Sizes) -> dict[str, Any]:
     import numpy as np
 
     from esjax.agent.scoring import score_candidates
-    from esjax.es import ESConfig, NoiseSpec, init, pair_noise, update
+    from esjax.es import ESConfig, NoiseSpec, init, update
+    from esjax.es.noise import pair_noise
     from esjax.model.decoder import forward_jit
     from esjax.model.params import init_params
     from esjax.model.testing import tiny_config

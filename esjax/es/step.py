@@ -1,6 +1,7 @@
 """The ES update: a cohort ``(versions[N], indices[N], fitness[N])`` -> new parameters, version + 1.
 
-Fitness is MAXIMIZED. The public API (functional, optax-style; ``config`` is static, everything else traced)::
+Fitness is MAXIMIZED by default (``ESConfig.maximize=True``; ``maximize=False`` minimizes, e.g. a loss, as evosax
+does). The public API (functional, optax-style; ``config`` is static, everything else traced)::
 
     config = ESConfig(noise=NoiseSpec(seed=0, mode="lowrank", rank=1), sigma=1.5e-3, learning_rate=7.5e-4)
     state = init(config, params)                                  # ESState(params, opt_state, version)
@@ -68,6 +69,8 @@ class ESConfig:
       scale: ``'llm'`` (``c = 1/N``, σ folded into α) or ``'nes'`` (``c = 1/(Nσ)``).
       shaping: ``'centered_ranks'`` (default), ``'z_score'``, ``'raw'``, a ``fn(fitness, valid)``, or any
         evosax fitness-shaping function (negated automatically: evosax minimizes).
+      maximize: the direction: True (default) raises fitness; False lowers it (fitness is a loss, evosax's
+        convention: the update then shapes ``-fitness``). Metrics report fitness as given.
       optimizer: ``'sgd'`` or ``'adam'`` (at ``learning_rate``): a value, so equal configs are equal and share
         compiled programs; or any optax transformation (compared by identity: a new object recompiles).
       weight_decay: L2 coefficient toward 0 added to the descent direction.
@@ -89,6 +92,7 @@ class ESConfig:
     weight_decay: float = 0.0
     anchor_decay: float = 0.0
     per_leaf_optimizer: bool = False
+    maximize: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.noise, NoiseSpec):
@@ -98,11 +102,17 @@ class ESConfig:
         if isinstance(self.optimizer, str) and self.optimizer not in ("sgd", "adam"):
             raise ValueError(f"ESConfig.optimizer must be 'sgd', 'adam' or an optax transformation, got "
                              f"{self.optimizer!r}")
+        if not isinstance(self.maximize, bool):
+            raise TypeError(f"ESConfig.maximize must be True or False, got {self.maximize!r}")
         as_schedule(self.sigma)  # validates a float sigma
         shaping_lib.get_shaping(self.shaping)  # validates the name
         if self.weight_decay < 0 or self.anchor_decay < 0:
             raise ValueError("ESConfig.weight_decay and anchor_decay must be >= 0, got "
                              f"{self.weight_decay} and {self.anchor_decay}")
+
+    def maximized(self, fitness: jax.Array) -> jax.Array:
+        """``fitness`` in the direction the update raises: as it is (``maximize``) or negated."""
+        return fitness if self.maximize else -fitness
 
     def sigma_at(self, version) -> jax.Array:
         """σ of members dispatched at ``version`` (array or scalar, traced or concrete)."""
@@ -278,7 +288,7 @@ def _update(config: ESConfig, state: ESState, versions, indices, fitness, weight
     indices = jnp.asarray(indices, jnp.int32)
     fitness = jnp.asarray(fitness, jnp.float32)
     if weights is None:
-        weights, valid = shaping_lib.shape(fitness, config.shaping)
+        weights, valid = shaping_lib.shape(config.maximized(fitness), config.shaping)
     else:  # shaped before the jit (see update)
         valid = shaping_lib.valid_mask(fitness)
         weights = jnp.where(valid, jnp.asarray(weights, jnp.float32), 0.0)
@@ -319,14 +329,16 @@ _update_jit = jax.jit(_update, static_argnums=(0, 6))
 
 def update(config: ESConfig, state: ESState, versions, indices, fitness,
            execution: ESExecution = DEFAULT_EXECUTION) -> tuple[ESState, dict[str, jax.Array]]:
-    """Apply one ES update (a jitted program; ``config`` and ``execution`` static). Fitness is maximized.
+    """Apply one ES update (a jitted program; ``config`` and ``execution`` static). Fitness is maximized
+    (``config.maximize``, the default) or minimized.
 
     Args:
       config: the :class:`ESConfig`.
       state: current :class:`ESState` at version ``t``.
       versions, indices: ``[N]`` member ids ``(v_i, i)``, ``0 ≤ v_i ≤ t`` and ``i ≥ 0`` (else ``ValueError``;
         checked when the values are concrete, see :func:`check_members`); stale members use their own noise.
-      fitness: ``[N]`` raw fitness; NaN/inf members are dropped and counted.
+      fitness: ``[N]`` raw fitness (higher is better unless ``config.maximize`` is False); NaN/inf members are
+        dropped and counted.
       execution: the memory layout (:class:`ESExecution`): the same update whatever it is, up to float rounding.
 
     Returns:
@@ -342,7 +354,7 @@ def update(config: ESConfig, state: ESState, versions, indices, fitness,
     check_members(state.version, versions, indices)
     weights = None
     if shaping_lib.is_evosax_style(config.shaping) and not isinstance(fitness, jax.core.Tracer):
-        weights = shaping_lib.shape(jnp.asarray(fitness, jnp.float32), config.shaping)[0]
+        weights = shaping_lib.shape(config.maximized(jnp.asarray(fitness, jnp.float32)), config.shaping)[0]
     return _update_jit(config, state, versions, indices, fitness, weights, execution)
 
 
@@ -354,7 +366,8 @@ class ES:
     """Object wrapper (evosax-like) around :func:`init` / :func:`update` for one :class:`ESConfig`.
 
     ``es = ES(config); state = es.init(params)``, then per generation ``members, population = es.ask(state, N,
-    params=True)``, evaluate, ``state, metrics = es.tell(state, members, fitness)`` (maximized); or
+    params=True)``, evaluate, ``state, metrics = es.tell(state, members, fitness)`` (maximized unless
+    ``config.maximize`` is False); or
     ``es.update(state, cohort)`` on a cohort assembled elsewhere (the trainer's coordinator). After ``init``,
     ``es.perturbed`` and ``es.frozen`` hold the paths of the leaves the scope perturbs and leaves alone.
     ``execution``: the update's memory layout (:class:`ESExecution`).
@@ -419,7 +432,7 @@ class ES:
 
     def tell(self, state: ESState, members: tuple[Any, Any], fitness) -> tuple[ESState, dict[str, jax.Array]]:
         """Apply the fitness of the members :meth:`ask` gave (``members = (versions, indices)``). Fitness is
-        **maximized** (evosax minimizes: negate a loss, or use :mod:`esjax.es.evosax_compat`); NaN members are
+        **maximized** by default (``ESConfig(maximize=False)`` minimizes, as evosax does); NaN members are
         dropped. Members asked at an older version may be told later: their own noise is used (bounded
         staleness)."""
         versions, indices = members
@@ -427,5 +440,6 @@ class ES:
 
     def gradient(self, params: PyTree, versions, indices, fitness) -> PyTree:
         """The ascent direction the update would use for this cohort (shaping included)."""
-        weights, valid = shaping_lib.shape(jnp.asarray(fitness, jnp.float32), self.config.shaping)
+        fitness = self.config.maximized(jnp.asarray(fitness, jnp.float32))
+        weights, valid = shaping_lib.shape(fitness, self.config.shaping)
         return es_gradient(self.config, params, versions, indices, weights, valid, self.execution)
