@@ -139,8 +139,8 @@ MUTANTS = [
            (T + "webshop_bridge/test_webshop_search.py::test_ranking_rules",
             T + "webshop_bridge/test_webshop_search.py::test_pruned_search_identical_to_exact_on_synthetic_goals")),
     Mutant("in-matmul low-rank noise scaled by 1/r, not 1/√r", "core: low-rank scale", "esjax/es/noise.py",
-           '    delta = jnp.einsum("b...r,bnr->b...n", xa, b) * (sigma / math.sqrt(rank))\n',
-           '    delta = jnp.einsum("b...r,bnr->b...n", xa, b) * (sigma / rank)\n',
+           '    return jnp.einsum("b...r,bnr->b...n", xa, b) * (sigma / math.sqrt(rank))\n',
+           '    return jnp.einsum("b...r,bnr->b...n", xa, b) * (sigma / rank)\n',
            (T + "es/test_es_noise.py::test_lowrank_matmul_and_embed_equal_materialized_kernels",)),
 ]
 
