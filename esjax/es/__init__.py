@@ -1,4 +1,4 @@
-"""ES engine: counter-based noise, fitness shaping, σ schedules, the jitted update, evosax interop.
+"""The ES core: counter-based noise, fitness shaping, σ schedules, the jitted update, evosax interop.
 
 For library users: ``ES(ESConfig(...))`` with ``init`` / ``ask`` / ``tell`` (evosax-shaped), or the functional
 ``init`` / ``update`` on cohorts of ``(version, index)`` members. ``__all__`` is that face and all this package

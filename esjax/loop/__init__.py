@@ -1,7 +1,7 @@
 """The bounded-staleness loop: coordinator (versions, jobs, cohorts), staleness schedules and the latency simulator.
 
 Rollout drivers talk to :class:`Coordinator` only through :class:`Job` (out) and :class:`Result` (in);
-``esjax.loop.es_update`` (imported on demand: it pulls in JAX) connects cohorts to the ES engine.
+``esjax.loop.es_update`` (imported on demand: it pulls in JAX) applies cohorts with the ES update (:mod:`esjax.es`).
 """
 
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig, CoordinatorState, RejectedUpdate, apply_cohorts

@@ -1,4 +1,5 @@
-"""Glue between the coordinator and the ES engine, and a JAX surrogate fitness for the simulator.
+"""Glue between the coordinator and the ES update (:mod:`esjax.es.step`), and a JAX surrogate fitness for the
+simulator.
 
 :class:`ESUpdate` is the update function a driver applies to each complete cohort the coordinator hands
 out (:class:`~esjax.loop.types.UpdateFn`; see :func:`esjax.loop.coordinator.apply_cohorts`): it hands the
@@ -29,7 +30,7 @@ PyTree = Any
 
 
 class ESUpdate:
-    """An :class:`~esjax.loop.types.UpdateFn` backed by the ES engine; keeps θ of versions t − keep + 1 … t.
+    """An :class:`~esjax.loop.types.UpdateFn` backed by the ES update; keeps θ of versions t − keep + 1 … t.
 
     Raises :class:`~esjax.loop.coordinator.RejectedUpdate` (state unchanged) when the step would make θ
     non-finite; the driver then calls ``Coordinator.reject``.
@@ -121,7 +122,7 @@ class QuadraticFitness:
 
     The noise has a part shared by every member of a version (common random numbers: it cancels in
     cohort shaping, as task-batch difficulty does) and a per-member part. Evaluated when a job starts,
-    on θ of the job's version, with the same counter-based noise the ES engine regenerates.
+    on θ of the job's version, with the same counter-based noise the ES update regenerates.
     """
 
     def __init__(self, spec: es_noise.NoiseSpec, sigma: float, target: PyTree, params_at: Any,

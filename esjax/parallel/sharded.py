@@ -1,6 +1,6 @@
 """The ES update and the population forward under one ``('data', 'model')`` mesh.
 
-Why this module exists: the ES engine (:mod:`esjax.es.step`) and the decoder (:mod:`esjax.model`) are
+Why this module exists: the ES update (:mod:`esjax.es.step`) and the decoder (:mod:`esjax.model`) are
 written sharding-agnostic. Here they are compiled with explicit in/out shardings taken from the model's
 logical axis rules (:mod:`esjax.model.sharding`, the one place where meshes and shardings are declared), so that
 
