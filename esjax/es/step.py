@@ -69,8 +69,6 @@ class ESConfig:
       scale: ``'llm'`` (``c = 1/N``, σ folded into α) or ``'nes'`` (``c = 1/(Nσ)``).
       shaping: ``'centered_ranks'`` (default), ``'z_score'``, ``'raw'``, a ``fn(fitness, valid)``, or any
         evosax fitness-shaping function (negated automatically: evosax minimizes).
-      maximize: the direction: True (default) raises fitness; False lowers it (fitness is a loss, evosax's
-        convention: the update then shapes ``-fitness``). Metrics report fitness as given.
       optimizer: ``'sgd'`` or ``'adam'`` (at ``learning_rate``): a value, so equal configs are equal and share
         compiled programs; or any optax transformation (compared by identity: a new object recompiles).
       weight_decay: L2 coefficient toward 0 added to the descent direction.
@@ -79,6 +77,8 @@ class ESConfig:
         decays, …), so it may be stepped group by group (:attr:`ESExecution.update_chunk_bytes`). Leave it False
         for a transformation that needs all leaves (``clip_by_global_norm``, ``apply_if_finite``): the update
         then steps it on all leaves at once. The named optimizers are per-leaf.
+      maximize: the direction: True (default) raises fitness; False lowers it (fitness is a loss, evosax's
+        convention: the update then shapes ``-fitness``). Metrics report fitness as given.
 
     Memory settings (draws per chunk, leaves per optimizer step) are not here: :class:`ESExecution`.
     """
