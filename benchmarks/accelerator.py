@@ -19,7 +19,7 @@ budget skips what is left):
                 vs the noise-draw floors, built by benchmarks/es_update.py; peak device memory of each
   plan_*        ``esjax.plan.plan_memory``'s prediction vs the measured peak device memory of a rollout
                 prefill (θ + KV cache + low-rank members) and of the update on the model's parameter tree
-  generation    ``esjax.agent.generation.generate`` new tokens/s with low-rank members (greedy, no stops) at
+  generation    ``esjax.agent.batch_generate.generate`` new tokens/s with low-rank members (greedy, no stops) at
                 each row count of the sweep (32 / 64 / 256), decode time apart from the prefill, against the
                 bandwidth roofline (weights + live KV cache per decode step at the device copy bandwidth measured
                 in the same section)
@@ -279,7 +279,8 @@ def section_smoke(sizes: Sizes) -> dict[str, Any]:
     import numpy as np
 
     from esjax.agent.scoring import score_candidates
-    from esjax.es import ESConfig, NoiseSpec, init, pair_noise, update
+    from esjax.es import ESConfig, NoiseSpec, init, update
+    from esjax.es.noise import pair_noise
     from esjax.model.decoder import forward_jit
     from esjax.model.params import init_params
     from esjax.model.testing import tiny_config
@@ -573,7 +574,7 @@ def section_generation(sizes: Sizes) -> dict[str, Any]:
     import jax
     import numpy as np
 
-    from esjax.agent.generation import generate
+    from esjax.agent.batch_generate import generate
 
     config = _model_config(sizes)
     params = _random_params(config, sizes.dtype)

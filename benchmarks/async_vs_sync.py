@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig
-from esjax.loop.schedules import Async, Controlled, Sync
 from esjax.loop.simulate import Durations, Empirical, LogNormal, Pareto, simulate
+from esjax.loop.staleness import Async, Controlled, Sync
 from esjax.rundir.machine import cpu_model
 
 SCHEDULES = [  # (label, schedule, K)

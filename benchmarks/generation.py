@@ -7,7 +7,7 @@
    tokens/s, so load from other processes partly cancels out. Goal: ≥ 0.9.
 2. **Wasted decode steps**: replies of variable length (drawn from ``--lengths``: a WebShop-like mix of short
    clicks and longer searches) go through one lane of ``--rows`` rows. *Static batching* (every batch runs until
-   its longest reply ends, as ``esjax.agent.generation.generate`` does) against *continuous batching* (a row whose
+   its longest reply ends, as ``esjax.agent.batch_generate.generate`` does) against *continuous batching* (a row whose
    reply ended takes the next reply at the next tick, as the generate-mode engine does) with 1, 2 and 4 decode
    steps per tick. Wasted share = lane row-steps that produced no kept token / all row-steps computed.
 

@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import esjax.loop.generate as generate  # noqa: E402
+import esjax.loop.generate_rollout as generate  # noqa: E402
 import esjax.train.parts as parts  # noqa: E402
 import esjax.train.session as session  # noqa: E402
 from esjax.agent.automaton import START, turn_ends  # noqa: E402
@@ -63,7 +63,7 @@ from esjax.agent.lanes import DECODE_FIELDS, LanePrograms  # noqa: E402
 from esjax.agent.scoring import DEVICE_PROGRAMS as SCORING  # noqa: E402
 from esjax.agent.scoring import ScoringPrograms  # noqa: E402
 from esjax.config import load_config  # noqa: E402
-from esjax.loop.generate import GenerateEngine  # noqa: E402
+from esjax.loop.generate_rollout import GenerateEngine  # noqa: E402
 from esjax.loop.rollout import RolloutEngine, TickStats  # noqa: E402
 from esjax.rundir.machine import machine_info  # noqa: E402
 from esjax.train.hooks import Hooks  # noqa: E402

@@ -13,7 +13,7 @@ built, compiled and run in its own fresh subprocess:
 * time: the median of two runs of the compiled update after a first one (rows run one after another, so
   state the machine's load beside them).
 
-Rows: ``all leaves`` is ``ESConfig(update_chunk_bytes=None)``, the update as it was (every leaf's float32
+Rows: ``all leaves`` is ``ESExecution(update_chunk_bytes=None)``, the update as it was (every leaf's float32
 gradient alive at once); ``grouped`` is the default budget (256 MiB) scaled by this model's size over
 Qwen2.5-7B's, so that, as for 7B, every large leaf is a group of its own. "planned" is
 ``esjax.plan.plan_memory``'s update scratch for the same model, N and budget (gradient group + noise chunk)
@@ -42,11 +42,11 @@ def _config():
     return ModelConfig(**MODEL)
 
 
-def _es_config(mode: str, budget: int | None):
+def _es_config(mode: str):
     from esjax.es import ESConfig, NoiseSpec, Scope
 
     return ESConfig(noise=NoiseSpec(seed=0, mode=mode, rank=1, scope=Scope("matrices")), sigma=1e-3,
-                    learning_rate=1e-3, update_chunk_bytes=budget)
+                    learning_rate=1e-3)
 
 
 def measure(mode: str, budget: int | None, population: int, run: bool) -> dict:
@@ -54,26 +54,27 @@ def measure(mode: str, budget: int | None, population: int, run: bool) -> dict:
     import jax
     import numpy as np
 
-    from esjax.es import init, update
+    from esjax.es import ESExecution, init, update
     from esjax.model.params import init_params
 
     params = init_params(_config(), jax.random.key(0))
-    config = _es_config("lowrank" if mode == "baseline" else mode, budget)
+    config = _es_config("lowrank" if mode == "baseline" else mode)
+    execution = ESExecution(update_chunk_bytes=budget)
     state = init(config, params)
     n = population
     cohort = (np.zeros(n, np.int32), np.arange(n, dtype=np.int32), np.random.default_rng(0).normal(size=n)
               .astype(np.float32))
-    out: dict = {"groups": len(config.update_groups(params))}
+    out: dict = {"groups": len(execution.update_groups(config, params))}
     if mode == "baseline":
         jax.block_until_ready(jax.jit(lambda x: x + 1)(np.ones(4, np.float32)))
     else:
-        stats = update.lower(config, state, *cohort).compile().memory_analysis()
+        stats = update.lower(config, state, *cohort, None, execution).compile().memory_analysis()
         out.update(temp=int(stats.temp_size_in_bytes), output=int(stats.output_size_in_bytes))
         if run:
             times = []
             for _ in range(3):  # the first call includes compilation; the median of the other two is the time
                 start = time.perf_counter()
-                jax.block_until_ready(update(config, state, *cohort))
+                jax.block_until_ready(update(config, state, *cohort, execution))
                 times.append(time.perf_counter() - start)
             out["seconds"] = float(np.median(times[1:]))
     out["maxrss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

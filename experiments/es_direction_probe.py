@@ -68,7 +68,7 @@ def main(argv=None) -> None:
     from esjax.es.noise import NoiseSpec, Scope
     from esjax.es.shaping import centered_ranks
     from esjax.es.step import ESConfig, es_gradient
-    from esjax.loop.generate import GenerateEngine
+    from esjax.loop.generate_rollout import GenerateEngine
     from experiments.lib.pretrain import (
         CATALOG_SEED,
         DATA,

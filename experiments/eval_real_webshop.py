@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
     from esjax.agent.policy import load_policy
     from esjax.agent.webshop import WebShopAgent
     from esjax.rundir.machine import machine_info
-    from esjax.train.evaluate import evaluate_policy
+    from esjax.train.standalone_eval import evaluate_policy
 
     shop = load_webshop(args.data)
     goals = list(shop.split(args.split))[: args.goals]

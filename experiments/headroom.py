@@ -76,7 +76,7 @@ class Decisions:
 
 
 def evaluate(policy, shop, goals, decisions: Decisions | None, max_steps: int) -> dict:
-    from esjax.train.evaluate import evaluate_policy
+    from esjax.train.standalone_eval import evaluate_policy
 
     class Engine(RolloutEngine):
         def choose(self, episode, scores):

@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> dict:
     evals = []
     if args.eval_goals:
         from envs.webshop_bridge import RandomPolicy, evaluate
-        from esjax.train.evaluate import evaluate_policy
+        from esjax.train.standalone_eval import evaluate_policy
 
         for split in ("test", "eval"):
             goals = list(shop.split(split))[: args.eval_goals]

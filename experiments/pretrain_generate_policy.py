@@ -1,7 +1,7 @@
 """Pretrain a generative WebShop policy (issue 36): behaviour cloning of the recipe's teacher as *written* actions.
 
-Generate mode's agent (``esjax.agent.react.GenerateAgent``) shows the model the instruction, the last actions, the
-page and its available actions, and reads back one action in WebShop's grammar (``search[...]`` / ``click[...]``).
+Generate mode's agent (``esjax.agent.generate_agent.GenerateAgent``) shows the model the instruction, the last actions,
+the page and its available actions, and reads back one action in WebShop's grammar (``search[...]`` / ``click[...]``).
 This recipe teaches a small decoder to write the teacher's action there:
 
 1. Start from a policy folder (``--init``, default: the embedded scoring policy, whose tokenizer and weights
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> dict:
               "longest_reply_tokens": max(len(r) for _, r in pairs),
               "final_loss": float(np.mean(losses[-50:])), "final_reply_token_accuracy": float(np.mean(accs[-50:]))}
     if args.eval_goals:
-        from esjax.train.evaluate import evaluate_policy
+        from esjax.train.standalone_eval import evaluate_policy
 
         res = evaluate_policy(policy.config, params, agent, shop, list(shop.split("eval"))[: args.eval_goals],
                               max_steps=MAX_STEPS, max_new_tokens=MAX_REPLY_TOKENS)

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig
-from esjax.loop.schedules import Async, Controlled, Sync
 from esjax.loop.simulate import Empirical, simulate
+from esjax.loop.staleness import Async, Controlled, Sync
 from experiments.lib.grid import DEFAULT_OUT, results_dir
 from experiments.lib.runs import read_grid
 

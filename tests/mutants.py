@@ -53,7 +53,7 @@ MUTANTS = [
            "                self.noise, self.sigma_at(max(e.version for e in waiting)), [e.version for e in group]",
            (T + "train/test_trainer.py::test_stale_members_are_rolled_out_with_their_own_versions_parameters",)),
     Mutant("stale lanes decode with the newest θ (generate)", "1: stale member's parameters",
-           "esjax/loop/generate.py",
+           "esjax/loop/generate_rollout.py",
            "            params = params_at(version)\n",
            "            params = params_at(max(versions))\n",
            (T + "train/test_generate_mode.py::test_stale_members_generate_with_their_own_versions_parameters",)),
@@ -139,8 +139,8 @@ MUTANTS = [
            (T + "webshop_bridge/test_webshop_search.py::test_ranking_rules",
             T + "webshop_bridge/test_webshop_search.py::test_pruned_search_identical_to_exact_on_synthetic_goals")),
     Mutant("in-matmul low-rank noise scaled by 1/r, not 1/√r", "core: low-rank scale", "esjax/es/noise.py",
-           '    delta = jnp.einsum("b...r,bnr->b...n", xa, b) * (sigma / math.sqrt(rank))\n',
-           '    delta = jnp.einsum("b...r,bnr->b...n", xa, b) * (sigma / rank)\n',
+           '    return jnp.einsum("b...r,bnr->b...n", xa, b) * (sigma / math.sqrt(rank))\n',
+           '    return jnp.einsum("b...r,bnr->b...n", xa, b) * (sigma / rank)\n',
            (T + "es/test_es_noise.py::test_lowrank_matmul_and_embed_equal_materialized_kernels",)),
 ]
 

@@ -15,7 +15,7 @@ wrapped slots invalidated), so a lane of ``length`` slots serves rows of any age
 generated tokens) fits. Positions (RoPE) are per row and explicit, so a row's slots never affect its numerics.
 
 Constrained turns: a row may carry the token ids of every reply its turn allows (a page's click actions, or the
-searches that copy the instruction: :meth:`~esjax.agent.react.GenerateAgent.reply_choices`); each of its draws
+searches that copy the instruction: :meth:`~esjax.agent.generate_agent.GenerateAgent.reply_choices`); each of its draws
 then keeps only the tokens that continue a choice still matching the turn so far (grammar-constrained decoding over
 a list of sequences), on the device, inside the same programs. Rows without choices decode freely.
 
@@ -39,9 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from esjax.agent.automaton import TurnEvents, turn_ends
+from esjax.agent.batch_generate import top_p_filter
 from esjax.agent.batching import left_pad
 from esjax.agent.buckets import Buckets, next_power_of_two
-from esjax.agent.generation import top_p_filter
 from esjax.model.config import ModelConfig
 from esjax.model.decoder import default_positions, forward, forward_last, init_cache
 from esjax.model.perturb import Perturbation, Prepared, prepare_jit

@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"evaluating {what} on {len(goals)} {config.env.eval_split} {goal_set_label(config.env)} goals of "
           f"{shop.name}, max "
           f"{config.env.max_steps} steps, prompt style {style}", file=sys.stderr)
-    from esjax.train.evaluate import evaluate_policy
+    from esjax.train.standalone_eval import evaluate_policy
 
     agent = build_agent(config.agent, policy, config.model.source)
     result = evaluate_policy(policy.config, params, agent, shop, goals, config.env.max_steps,

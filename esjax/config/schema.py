@@ -382,7 +382,7 @@ class EnvSection(_Section):
 
 class AgentSection(_Section):
     """How the policy picks actions: by scoring each valid action's description (score mode, see
-    esjax.agent.webshop), or by writing the action as text (generate mode, see esjax.agent.react)."""
+    esjax.agent.webshop), or by writing the action as text (generate mode, see esjax.agent.generate_agent)."""
 
     mode: Literal["score", "generate"] = Field(
         "score", description="score: the policy ranks candidate action descriptions; generate: it writes each action "

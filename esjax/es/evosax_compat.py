@@ -4,10 +4,11 @@
 ``init(key, mean, params)``, ``ask(key, state, params)``, ``tell(key, population, fitness, state, params)``
 -> ``(state, metrics)``) for flat-vector or pytree solutions.
 
-**Convention: as an evosax drop-in it MINIMIZES**, like every evosax algorithm: ``tell`` takes evosax
-fitness (lower is better), and ``fitness_shaping_fn`` is an evosax shaping function. Internally the
-fitness is negated and handed to the same shaping adapter and weighted noise sum as
-:func:`esjax.es.step.update` (which maximizes), so the step is exactly evosax's
+**Convention: as an evosax drop-in it MINIMIZES by default** (``maximize=False``), like every evosax algorithm:
+``tell`` takes evosax fitness (lower is better), and ``fitness_shaping_fn`` is an evosax shaping function.
+``maximize=True`` takes fitness that is better higher, as :mod:`esjax.es` does by default (``ESConfig.maximize``);
+the best-so-far tracking follows the same direction. Internally the fitness to minimize is negated and handed to
+the same shaping adapter and weighted noise sum as :func:`esjax.es.step.update`, so the step is exactly evosax's
 ``grad = Σ_i w_i z_i / (N σ)``, ``mean ← optimizer(grad)``.
 
 Differences from ``Open_ES`` that matter:
@@ -70,7 +71,8 @@ class Params:
 
 
 class CounterOpenES:
-    """OpenAI-ES with counter-based noise, evosax 0.3 interface (minimizes; see the module docstring)."""
+    """OpenAI-ES with counter-based noise, evosax 0.3 interface (minimizes unless ``maximize=True``; see the module
+    docstring)."""
 
     def __init__(
         self,
@@ -87,6 +89,7 @@ class CounterOpenES:
         scope: Scope = ALL_LEAVES,
         lazy_population: bool = False,
         chunk_size: int | None = None,
+        maximize: bool = False,
     ):
         if population_size < 1 or (use_antithetic_sampling and population_size % 2):
             raise ValueError(f"population_size must be >= 1 (and even with antithetic sampling), got {population_size}")
@@ -98,6 +101,7 @@ class CounterOpenES:
         self.spec = NoiseSpec(seed=seed, mode=mode, rank=rank, antithetic=use_antithetic_sampling, scope=scope)
         self.lazy_population = lazy_population
         self.chunk_size = chunk_size
+        self.maximize = bool(maximize)
         flat, self._unravel = flatten_util.ravel_pytree(solution)
         self.num_dims = int(flat.size)
 
@@ -120,7 +124,7 @@ class CounterOpenES:
             std=jnp.asarray(self.std_schedule(0), jnp.float32),
             opt_state=self.optimizer.init(mean),
             best_solution=jnp.full((self.num_dims,), jnp.nan, jnp.float32),
-            best_fitness=jnp.asarray(jnp.inf, jnp.float32),
+            best_fitness=jnp.asarray(-jnp.inf if self.maximize else jnp.inf, jnp.float32),
             generation_counter=jnp.asarray(0, jnp.int32),
         )
 
@@ -147,30 +151,36 @@ class CounterOpenES:
     @partial(jax.jit, static_argnames=("self",))
     def tell(self, key: jax.Array, population: PyTree | Members, fitness: jax.Array, state: State,
              params: Params) -> tuple[State, dict[str, Any]]:
-        """Update the mean from evosax fitness (MINIMIZED). ``population`` may be :class:`Members`."""
+        """Update the mean from evosax fitness (MINIMIZED, or maximized with ``maximize=True``). ``population`` may
+        be :class:`Members`."""
         fitness = jnp.asarray(fitness, jnp.float32)
+        loss = -fitness if self.maximize else fitness  # what is minimized (evosax's default: the fitness itself)
         if isinstance(population, Members):
             members, flat_population = population, None
         else:
             members = self.members(state)
             flat_population = jax.vmap(self._ravel)(population)
 
-        # Best so far (failed evaluations cannot improve it), as evosax does.
-        archive = jnp.where(jnp.isnan(fitness), jnp.inf, fitness)
+        # Best so far (failed evaluations cannot improve it), as evosax does; kept in the caller's direction.
+        archive = jnp.where(jnp.isnan(loss), jnp.inf, loss)
         best = jnp.argmin(archive)
         if flat_population is not None:
             best_member = flat_population[best]
         else:
             best_member = self._ravel(perturbed_params(self.spec, state.mean, members.versions[best],
                                                        members.indices[best], state.std))
-        improved = archive[best] < state.best_fitness
+        best_loss = -state.best_fitness if self.maximize else state.best_fitness
+        improved = archive[best] < best_loss
         best_solution = jnp.where(improved, best_member, state.best_solution)
-        best_fitness = jnp.where(improved, archive[best], state.best_fitness)
+        best_fitness = jnp.where(improved, archive[best], best_loss)
+        generation_best = archive[best]
+        if self.maximize:
+            best_fitness, generation_best = -best_fitness, -generation_best
 
-        # evosax fitness -> esjax's maximized convention -> the shared adapter (w = -fn(pop, fitness)).
+        # the loss -> esjax's maximized convention -> the shared adapter (w = -fn(pop, loss)).
         shaped = shaping_lib.evosax_shaping(self.fitness_shaping_fn, flat_population, state, params)
         valid = jnp.isfinite(fitness)
-        weights = shaped(-fitness, valid)
+        weights = shaped(-loss, valid)
         n = jnp.maximum(jnp.sum(valid.astype(jnp.float32)), 1.0)
         coefs = weights / (n * state.std)
         grad = weighted_noise_sum(self.spec, state.mean, members.versions, members.indices, coefs,
@@ -190,7 +200,7 @@ class CounterOpenES:
         flat_mean = self._ravel(state.mean)
         metrics = {
             "generation_counter": state.generation_counter,
-            "best_fitness_in_generation": archive[best],
+            "best_fitness_in_generation": generation_best,
             "best_solution_in_generation": best_member,
             "best_fitness": best_fitness,
             "best_solution": best_solution,

@@ -1,4 +1,4 @@
-"""The ES update's optimizer step, one group of leaves after another (``ESConfig.update_chunk_bytes``).
+"""The ES update's optimizer step, one group of leaves after another (``ESExecution.update_chunk_bytes``).
 
 Why: a float32 gradient of every leaf at once is 4x θ in bf16 (twice that with its temporary), the update's
 peak memory: Qwen2.5-7B's update would not fit an 80 GB device beside θ and the previous version. Stepping
@@ -22,7 +22,7 @@ from esjax.es.noise import NoiseSpec
 
 PyTree = Any
 
-#: Default of :attr:`ESConfig.update_chunk_bytes`: float32 gradient bytes one group of leaves may hold at once.
+#: Default of :attr:`ESExecution.update_chunk_bytes`: float32 gradient bytes one group of leaves may hold at once.
 UPDATE_CHUNK_BYTES = 256 << 20
 
 
@@ -60,7 +60,7 @@ def _group_state(tx: optax.GradientTransformation, sub_params: PyTree, state: di
         if key not in state or np.shape(state[key]) != leaf.shape:
             raise ValueError(f"ES update: the optimizer's state for a part of the leaves has {key} {leaf.shape}, "
                              "which its state for all leaves does not: it is not a per-leaf transformation (set "
-                             "ESConfig.per_leaf_optimizer=False or update_chunk_bytes=None)")
+                             "ESConfig.per_leaf_optimizer=False or ESExecution.update_chunk_bytes=None)")
     return jax.tree_util.tree_unflatten(treedef, [state[k] for k in keys])
 
 
@@ -81,7 +81,7 @@ def _step_group(noise: NoiseSpec, tx, paths: list[str], in_scope: list[bool], su
 def grouped_step(tx: optax.GradientTransformation, noise: NoiseSpec, groups: list[list[int]], params: PyTree,
                  opt_state: optax.OptState, draws: Draws | None):
     """The optimizer step on ``-g`` (optimizer ``tx``, noise ``noise``), one group of leaf indices of ``groups``
-    (:meth:`ESConfig.update_groups`) after another, from θ = ``params`` and ``opt_state``.
+    (:meth:`ESExecution.update_groups`) after another, from θ = ``params`` and ``opt_state``.
 
     Why: a float32 gradient of every leaf at once is 4x θ in bf16 (twice that with its temporary), the update's
     peak. A group's sums wait for the previous group's ``|update|²`` (:func:`~esjax.es.gradient.leaf_noise_sums`'

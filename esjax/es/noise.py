@@ -395,10 +395,19 @@ def lowrank_matmul(x: jax.Array, kernel: jax.Array, a: jax.Array | None, b: jax.
     base = x @ kernel
     if a is None:
         return base
-    rank = a.shape[-1]
     xa = jnp.einsum("b...m,bmr->b...r", x.astype(a.dtype), a)
-    delta = jnp.einsum("b...r,bnr->b...n", xa, b) * (sigma / math.sqrt(rank))
-    return base + delta.astype(base.dtype)
+    return base + lowrank_delta(xa, b, sigma).astype(base.dtype)
+
+
+def lowrank_delta(xa: jax.Array, b: jax.Array, sigma) -> jax.Array:
+    """The low-rank part ``sigma * (x A_i) B_i^T / sqrt(r)`` of :func:`lowrank_matmul`, from the product ``x A_i``.
+
+    ``xa``: ``[batch, ..., r]`` (row ``i`` times its member's ``A_i``); ``b``: ``[batch, n, r]``. The decoder's
+    layers (:mod:`esjax.model.layers`) form ``x A_i`` their own way (one product for several kernels) and add
+    this term to their base matmul, as :func:`lowrank_matmul` does.
+    """
+    rank = xa.shape[-1]
+    return jnp.einsum("b...r,bnr->b...n", xa, b) * (sigma / math.sqrt(rank))
 
 
 def lowrank_embed(tokens: jax.Array, table: jax.Array, a: jax.Array | None, b: jax.Array | None,

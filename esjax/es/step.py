@@ -1,6 +1,7 @@
 """The ES update: a cohort ``(versions[N], indices[N], fitness[N])`` -> new parameters, version + 1.
 
-Fitness is MAXIMIZED. The public API (functional, optax-style; ``config`` is static, everything else traced)::
+Fitness is MAXIMIZED by default (``ESConfig.maximize=True``; ``maximize=False`` minimizes, e.g. a loss, as evosax
+does). The public API (functional, optax-style; ``config`` is static, everything else traced)::
 
     config = ESConfig(noise=NoiseSpec(seed=0, mode="lowrank", rank=1), sigma=1.5e-3, learning_rate=7.5e-4)
     state = init(config, params)                                  # ESState(params, opt_state, version)
@@ -9,6 +10,10 @@ Fitness is MAXIMIZED. The public API (functional, optax-style; ``config`` is sta
 
 or, evosax-style, ``es = ES(config); state = es.init(params); state, metrics = es.update(state, cohort)``
 where ``cohort`` has ``.versions``, ``.indices``, ``.fitness`` (e.g. :class:`esjax.loop.types.Cohort`).
+
+:class:`ESConfig` says *what* the update computes; :class:`ESExecution` (an optional last argument of
+``update``, ``es_gradient`` and ``ES``) says how it is laid out in memory, which changes the result at most by float
+rounding.
 
 What one update does:
 
@@ -47,7 +52,7 @@ from esjax.es import shaping as shaping_lib
 from esjax.es.gradient import chunked_draws, draw_chunk, scoped_leaves, weighted_noise_sum
 from esjax.es.grouped import UPDATE_CHUNK_BYTES, grouped_step, leaf_groups
 from esjax.es.noise import NoiseSpec, default_scope_warning, perturbed_leaves, perturbed_params
-from esjax.es.schedules import SigmaSchedule, as_schedule
+from esjax.es.sigma_schedules import SigmaSchedule, as_schedule
 
 PyTree = Any
 Scale = Literal["nes", "llm"]
@@ -59,7 +64,7 @@ class ESConfig:
 
     Attributes:
       noise: the run's :class:`~esjax.es.noise.NoiseSpec` (seed, mode, rank, antithetic, scope).
-      sigma: noise scale σ, a float or a schedule of the version (:mod:`esjax.es.schedules`).
+      sigma: noise scale σ, a float or a schedule of the version (:mod:`esjax.es.sigma_schedules`).
       learning_rate: step size α (float or optax schedule) of the named optimizer.
       scale: ``'llm'`` (``c = 1/N``, σ folded into α) or ``'nes'`` (``c = 1/(Nσ)``).
       shaping: ``'centered_ranks'`` (default), ``'z_score'``, ``'raw'``, a ``fn(fitness, valid)``, or any
@@ -68,17 +73,14 @@ class ESConfig:
         compiled programs; or any optax transformation (compared by identity: a new object recompiles).
       weight_decay: L2 coefficient toward 0 added to the descent direction.
       anchor_decay: L2 coefficient toward the initial parameters θ_0 (kept in the optimizer state).
-      chunk_size: distinct noise draws generated together; ``None``: :func:`auto_chunk_size` (1 in full
-        mode). Peak extra memory is a few × ``chunk_size`` × the largest dense leaf (full) or
-        ``chunk_size·(m+n)·r`` per low-rank leaf.
-      update_chunk_bytes: the update forms the gradient and steps the optimizer one group of leaves at a time
-        (consecutive leaves whose float32 gradients fit this many bytes; a larger leaf is a group alone), so
-        at most one group's float32 gradient is alive (:func:`leaf_groups`); ``None``: all leaves at once.
-        The result is bit-identical either way for SGD, momentum and the decays (Adam: to float rounding).
       per_leaf_optimizer: a custom ``optimizer`` acts on every leaf on its own (optax's sgd, momentum, adam,
-        decays, …), so it may be stepped group by group. Leave it False for a transformation that needs all
-        leaves (``clip_by_global_norm``, ``apply_if_finite``): the update then steps it on all leaves at once.
-        The named optimizers are per-leaf.
+        decays, …), so it may be stepped group by group (:attr:`ESExecution.update_chunk_bytes`). Leave it False
+        for a transformation that needs all leaves (``clip_by_global_norm``, ``apply_if_finite``): the update
+        then steps it on all leaves at once. The named optimizers are per-leaf.
+      maximize: the direction: True (default) raises fitness; False lowers it (fitness is a loss, evosax's
+        convention: the update then shapes ``-fitness``). Metrics report fitness as given.
+
+    Memory settings (draws per chunk, leaves per optimizer step) are not here: :class:`ESExecution`.
     """
 
     noise: NoiseSpec = NoiseSpec()
@@ -89,9 +91,8 @@ class ESConfig:
     optimizer: OptimizerName | optax.GradientTransformation = "sgd"
     weight_decay: float = 0.0
     anchor_decay: float = 0.0
-    chunk_size: int | None = None
-    update_chunk_bytes: int | None = UPDATE_CHUNK_BYTES
     per_leaf_optimizer: bool = False
+    maximize: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.noise, NoiseSpec):
@@ -101,15 +102,17 @@ class ESConfig:
         if isinstance(self.optimizer, str) and self.optimizer not in ("sgd", "adam"):
             raise ValueError(f"ESConfig.optimizer must be 'sgd', 'adam' or an optax transformation, got "
                              f"{self.optimizer!r}")
+        if not isinstance(self.maximize, bool):
+            raise TypeError(f"ESConfig.maximize must be True or False, got {self.maximize!r}")
         as_schedule(self.sigma)  # validates a float sigma
         shaping_lib.get_shaping(self.shaping)  # validates the name
         if self.weight_decay < 0 or self.anchor_decay < 0:
             raise ValueError("ESConfig.weight_decay and anchor_decay must be >= 0, got "
                              f"{self.weight_decay} and {self.anchor_decay}")
-        if self.chunk_size is not None and self.chunk_size < 1:
-            raise ValueError(f"ESConfig.chunk_size must be >= 1 or None, got {self.chunk_size}")
-        if self.update_chunk_bytes is not None and self.update_chunk_bytes < 0:
-            raise ValueError(f"ESConfig.update_chunk_bytes must be >= 0 or None, got {self.update_chunk_bytes}")
+
+    def maximized(self, fitness: jax.Array) -> jax.Array:
+        """``fitness`` in the direction the update raises: as it is (``maximize``) or negated."""
+        return fitness if self.maximize else -fitness
 
     def sigma_at(self, version) -> jax.Array:
         """σ of members dispatched at ``version`` (array or scalar, traced or concrete)."""
@@ -131,15 +134,45 @@ class ESConfig:
             decays.append(optax.masked(anchor_decay(self.anchor_decay), mask))
         return optax.chain(*decays, base) if decays else base
 
-    def get_chunk_size(self, params: PyTree, n: int) -> int:
-        """Draws per chunk for a cohort of ``n`` members on ``params`` (explicit or automatic)."""
-        return draw_chunk(self.noise, params, n, self.chunk_size)
 
-    def update_groups(self, params: PyTree) -> list[list[int]]:
-        """The groups of leaf indices (flatten order) the update steps one after another."""
+@dataclasses.dataclass(frozen=True)
+class ESExecution:
+    """How the update is laid out in memory, apart from what it computes (:class:`ESConfig`); hashable, a jit
+    static argument. The defaults are what the trainer runs with.
+
+    Attributes:
+      chunk_size: distinct noise draws generated together; ``None``: :func:`auto_chunk_size` (1 in full
+        mode). Peak extra memory is a few × ``chunk_size`` × the largest dense leaf (full) or
+        ``chunk_size·(m+n)·r`` per low-rank leaf.
+      update_chunk_bytes: the update forms the gradient and steps the optimizer one group of leaves at a time
+        (consecutive leaves whose float32 gradients fit this many bytes; a larger leaf is a group alone), so
+        at most one group's float32 gradient is alive (:func:`leaf_groups`); ``None``: all leaves at once.
+        The result is bit-identical either way for SGD, momentum and the decays (Adam: to float rounding).
+        Only an optimizer that is per-leaf (:attr:`ESConfig.per_leaf_optimizer`) is stepped in groups.
+    """
+
+    chunk_size: int | None = None
+    update_chunk_bytes: int | None = UPDATE_CHUNK_BYTES
+
+    def __post_init__(self) -> None:
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise ValueError(f"ESExecution.chunk_size must be >= 1 or None, got {self.chunk_size}")
+        if self.update_chunk_bytes is not None and self.update_chunk_bytes < 0:
+            raise ValueError(f"ESExecution.update_chunk_bytes must be >= 0 or None, got {self.update_chunk_bytes}")
+
+    def get_chunk_size(self, noise: NoiseSpec, params: PyTree, n: int) -> int:
+        """Draws per chunk for a cohort of ``n`` members on ``params`` (explicit or automatic)."""
+        return draw_chunk(noise, params, n, self.chunk_size)
+
+    def update_groups(self, config: ESConfig, params: PyTree) -> list[list[int]]:
+        """The groups of leaf indices (flatten order) the update of ``config`` steps one after another."""
         shapes = [np.shape(x) for x in jax.tree_util.tree_leaves(params)]
-        per_leaf = isinstance(self.optimizer, str) or self.per_leaf_optimizer
+        per_leaf = isinstance(config.optimizer, str) or config.per_leaf_optimizer
         return leaf_groups([4 * math.prod(s) for s in shapes], self.update_chunk_bytes if per_leaf else None)
+
+
+#: The memory layout the update uses unless told otherwise (the trainer's).
+DEFAULT_EXECUTION = ESExecution()
 
 
 class ESState(NamedTuple):
@@ -205,13 +238,14 @@ def member_coefficients(config: ESConfig, versions, weights, valid=None) -> jax.
     return coefs
 
 
-def es_gradient(config: ESConfig, params: PyTree, versions, indices, weights, valid=None) -> PyTree:
+def es_gradient(config: ESConfig, params: PyTree, versions, indices, weights, valid=None,
+                execution: ESExecution = DEFAULT_EXECUTION) -> PyTree:
     """Ascent direction ``g = Σ_i c_i w_i s_i ε_i`` (float32 tree like ``params``; 0 outside the scope).
 
     ``weights`` are shaped fitness ("larger = better"); ``valid`` (default: all) sets ``n`` in ``c``.
     """
     coefs = member_coefficients(config, versions, weights, valid)
-    return weighted_noise_sum(config.noise, params, versions, indices, coefs, config.chunk_size)
+    return weighted_noise_sum(config.noise, params, versions, indices, coefs, execution.chunk_size)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -247,22 +281,23 @@ def check_members(state_version, versions, indices, caller: str = "ES update") -
                          f"(version {int(state_version)})")
 
 
-def _update(config: ESConfig, state: ESState, versions, indices, fitness,
-            weights=None) -> tuple[ESState, dict[str, jax.Array]]:
+def _update(config: ESConfig, state: ESState, versions, indices, fitness, weights=None,
+            execution: ESExecution = DEFAULT_EXECUTION) -> tuple[ESState, dict[str, jax.Array]]:
     _check_cohort(versions, indices, fitness)
     versions = jnp.asarray(versions, jnp.int32)
     indices = jnp.asarray(indices, jnp.int32)
     fitness = jnp.asarray(fitness, jnp.float32)
     if weights is None:
-        weights, valid = shaping_lib.shape(fitness, config.shaping)
+        weights, valid = shaping_lib.shape(config.maximized(fitness), config.shaping)
     else:  # shaped before the jit (see update)
         valid = shaping_lib.valid_mask(fitness)
         weights = jnp.where(valid, jnp.asarray(weights, jnp.float32), 0.0)
     n_valid = jnp.sum(valid.astype(jnp.int32))
     coefs = member_coefficients(config, versions, weights, valid)
     n = versions.shape[0]
-    draws = chunked_draws(config.noise, versions, indices, coefs, config.get_chunk_size(state.params, n))
-    groups = config.update_groups(state.params)
+    chunk = execution.get_chunk_size(config.noise, state.params, n)
+    draws = chunked_draws(config.noise, versions, indices, coefs, chunk)
+    groups = execution.update_groups(config, state.params)
     params, opt_state, grad_sq, update_sq = grouped_step(config.get_optimizer(), config.noise, groups, state.params,
                                                          state.opt_state, draws)
 
@@ -289,18 +324,22 @@ def _update(config: ESConfig, state: ESState, versions, indices, fitness,
     return ESState(params, opt_state, state.version + 1), metrics
 
 
-_update_jit = jax.jit(_update, static_argnums=0)
+_update_jit = jax.jit(_update, static_argnums=(0, 6))
 
 
-def update(config: ESConfig, state: ESState, versions, indices, fitness) -> tuple[ESState, dict[str, jax.Array]]:
-    """Apply one ES update (a jitted program; ``config`` static). Fitness is maximized.
+def update(config: ESConfig, state: ESState, versions, indices, fitness,
+           execution: ESExecution = DEFAULT_EXECUTION) -> tuple[ESState, dict[str, jax.Array]]:
+    """Apply one ES update (a jitted program; ``config`` and ``execution`` static). Fitness is maximized
+    (``config.maximize``, the default) or minimized.
 
     Args:
       config: the :class:`ESConfig`.
       state: current :class:`ESState` at version ``t``.
       versions, indices: ``[N]`` member ids ``(v_i, i)``, ``0 ≤ v_i ≤ t`` and ``i ≥ 0`` (else ``ValueError``;
         checked when the values are concrete, see :func:`check_members`); stale members use their own noise.
-      fitness: ``[N]`` raw fitness; NaN/inf members are dropped and counted.
+      fitness: ``[N]`` raw fitness (higher is better unless ``config.maximize`` is False); NaN/inf members are
+        dropped and counted.
+      execution: the memory layout (:class:`ESExecution`): the same update whatever it is, up to float rounding.
 
     Returns:
       ``(new_state, metrics)`` with ``new_state.version = t + 1`` and metrics ``version, n_valid, n_dropped,
@@ -309,13 +348,14 @@ def update(config: ESConfig, state: ESState, versions, indices, fitness) -> tupl
     An evosax shaping function is applied to concrete fitness before the jit, so it sees exactly the valid
     members and the compiled program does not depend on how many there are
     (:func:`esjax.es.shaping.evosax_shaping`). ``update.lower(...)`` / ``update.trace(...)`` give the jitted
-    program (nothing is checked there).
+    program (nothing is checked there; its arguments: ``config, state, versions, indices, fitness, weights=None,
+    execution``).
     """
     check_members(state.version, versions, indices)
     weights = None
     if shaping_lib.is_evosax_style(config.shaping) and not isinstance(fitness, jax.core.Tracer):
-        weights = shaping_lib.shape(jnp.asarray(fitness, jnp.float32), config.shaping)[0]
-    return _update_jit(config, state, versions, indices, fitness, weights)
+        weights = shaping_lib.shape(config.maximized(jnp.asarray(fitness, jnp.float32)), config.shaping)[0]
+    return _update_jit(config, state, versions, indices, fitness, weights, execution)
 
 
 update.lower = _update_jit.lower
@@ -326,15 +366,20 @@ class ES:
     """Object wrapper (evosax-like) around :func:`init` / :func:`update` for one :class:`ESConfig`.
 
     ``es = ES(config); state = es.init(params)``, then per generation ``members, population = es.ask(state, N,
-    params=True)``, evaluate, ``state, metrics = es.tell(state, members, fitness)`` (maximized); or
+    params=True)``, evaluate, ``state, metrics = es.tell(state, members, fitness)`` (maximized unless
+    ``config.maximize`` is False); or
     ``es.update(state, cohort)`` on a cohort assembled elsewhere (the trainer's coordinator). After ``init``,
     ``es.perturbed`` and ``es.frozen`` hold the paths of the leaves the scope perturbs and leaves alone.
+    ``execution``: the update's memory layout (:class:`ESExecution`).
     """
 
-    def __init__(self, config: ESConfig):
+    def __init__(self, config: ESConfig, execution: ESExecution = DEFAULT_EXECUTION):
         if not isinstance(config, ESConfig):
             raise TypeError(f"ES expects an ESConfig, got {type(config).__name__}")
+        if not isinstance(execution, ESExecution):
+            raise TypeError(f"ES expects an ESExecution, got {type(execution).__name__}")
         self.config = config
+        self.execution = execution
         self.perturbed: list[str] = []
         self.frozen: list[str] = []
 
@@ -362,7 +407,7 @@ class ES:
         versions, indices = np.asarray(versions), np.asarray(indices)
         check_members(state.version, versions, indices, "ES.update")
         return update(self.config, state, versions.astype(np.int32), indices.astype(np.int32),
-                      np.asarray(fitness, np.float32))
+                      np.asarray(fitness, np.float32), self.execution)
 
     def ask(self, state: ESState, population: int, *, params: bool = False
             ) -> tuple[tuple[np.ndarray, np.ndarray], PyTree | None]:
@@ -387,7 +432,7 @@ class ES:
 
     def tell(self, state: ESState, members: tuple[Any, Any], fitness) -> tuple[ESState, dict[str, jax.Array]]:
         """Apply the fitness of the members :meth:`ask` gave (``members = (versions, indices)``). Fitness is
-        **maximized** (evosax minimizes: negate a loss, or use :mod:`esjax.es.evosax_compat`); NaN members are
+        **maximized** by default (``ESConfig(maximize=False)`` minimizes, as evosax does); NaN members are
         dropped. Members asked at an older version may be told later: their own noise is used (bounded
         staleness)."""
         versions, indices = members
@@ -395,5 +440,6 @@ class ES:
 
     def gradient(self, params: PyTree, versions, indices, fitness) -> PyTree:
         """The ascent direction the update would use for this cohort (shaping included)."""
-        weights, valid = shaping_lib.shape(jnp.asarray(fitness, jnp.float32), self.config.shaping)
-        return es_gradient(self.config, params, versions, indices, weights, valid)
+        fitness = self.config.maximized(jnp.asarray(fitness, jnp.float32))
+        weights, valid = shaping_lib.shape(fitness, self.config.shaping)
+        return es_gradient(self.config, params, versions, indices, weights, valid, self.execution)

@@ -1,11 +1,11 @@
-"""The bounded-staleness loop: coordinator (versions, jobs, cohorts), schedules and the latency simulator.
+"""The bounded-staleness loop: coordinator (versions, jobs, cohorts), staleness schedules and the latency simulator.
 
 Rollout drivers talk to :class:`Coordinator` only through :class:`Job` (out) and :class:`Result` (in);
-``esjax.loop.engine`` (imported on demand: it pulls in JAX) connects cohorts to the ES engine.
+``esjax.loop.es_update`` (imported on demand: it pulls in JAX) applies cohorts with the ES update (:mod:`esjax.es`).
 """
 
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig, CoordinatorState, RejectedUpdate, apply_cohorts
-from esjax.loop.schedules import AllStale, Async, Controlled, ExtremeLag, Schedule, Sync, make_schedule, stale_count
+from esjax.loop.staleness import AllStale, Async, Controlled, ExtremeLag, Schedule, Sync, make_schedule, stale_count
 from esjax.loop.tasks import TaskSampler
 from esjax.loop.types import Cohort, Job, Member, Result, TaskBatch, UpdateFn, UpdateRecord, Verdict
 

@@ -3,7 +3,7 @@
 It owns the version t of θ (updates applied so far) and is the only place where the exact semantics live:
 
 * **dispatch**: a job is member ``(v, i)`` with the task batch and sampling seed of version ``v``;
-  ``i`` counts members dispatched at ``v``. The :class:`~esjax.loop.schedules.Schedule` says at which
+  ``i`` counts members dispatched at ``v``. The :class:`~esjax.loop.staleness.Schedule` says at which
   versions to dispatch (normally t; older live versions for controlled staleness).
 * **acceptance**: a finished result first goes to a *held* buffer; the schedule triages held results
   (accept now / hold back / discard). An accepted result with lag = t − v > K is discarded anyway, as is a
@@ -31,7 +31,7 @@ its whole state is a plain dataclass (:meth:`state_dict`) so a checkpoint keeps 
 fitness (a complete cohort included), held results and every counter.
 
 It is one module (~480 lines) because dispatch, triage, cohorts and their counters are one state machine over
-one state; the schedules that steer it are :mod:`esjax.loop.schedules`.
+one state; the schedules that steer it are :mod:`esjax.loop.staleness`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from esjax.loop.schedules import Schedule
+from esjax.loop.staleness import Schedule
 from esjax.loop.tasks import TaskSampler
 from esjax.loop.types import Cohort, Finished, Job, Member, Result, TaskBatch, UpdateFn, UpdateRecord, Verdict
 
@@ -152,7 +152,7 @@ class Coordinator:
 
     Args:
       config: N, K, task-batch settings.
-      schedule: a :class:`~esjax.loop.schedules.Schedule` (where to dispatch, which results to release).
+      schedule: a :class:`~esjax.loop.staleness.Schedule` (where to dispatch, which results to release).
       state: a restored :class:`CoordinatorState` (resume), else a fresh one.
     """
 
@@ -174,7 +174,7 @@ class Coordinator:
 
     # ---------------------------------------------------------------------------------------------------
     # Read-only views (what schedules and drivers look at; schedules see only a
-    # :class:`~esjax.loop.schedules.CoordinatorView`: version, population, max_lag, seed and the counts)
+    # :class:`~esjax.loop.staleness.CoordinatorView`: version, population, max_lag, seed and the counts)
     # ---------------------------------------------------------------------------------------------------
     @property
     def version(self) -> int:

@@ -299,7 +299,7 @@ class RolloutEngine:
         """The index of the candidate ``episode`` takes, from its candidates' ``scores``: the best for a greedy
         episode (or at temperature 0), else a draw from their softmax at ``temperature``, seeded by the episode's
         sampling seed, position and step. A subclass may override it to change how actions are picked (the
-        ``engine_cls`` of :func:`esjax.train.evaluate.evaluate_policy`)."""
+        ``engine_cls`` of :func:`esjax.train.standalone_eval.evaluate_policy`)."""
         if episode.greedy or self.temperature <= 0 or len(scores) == 1:
             return int(np.argmax(scores))
         logits = (scores - scores.max()) / self.temperature

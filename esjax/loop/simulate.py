@@ -200,7 +200,7 @@ def simulate(coordinator: Coordinator, *, workers: int, durations: Durations, up
              keep_records: bool = True, max_jobs: int | None = None, update: UpdateFn | None = None) -> SimReport:
     """Run ``coordinator`` until it has applied ``updates`` more updates, on ``workers`` virtual slots.
 
-    ``update``: applies each complete cohort to θ (e.g. :class:`esjax.loop.engine.ESUpdate`); None records
+    ``update``: applies each complete cohort to θ (e.g. :class:`esjax.loop.es_update.ESUpdate`); None records
     cohorts without an update (timing studies).
 
     Raises RuntimeError if the schedule stalls (nothing in flight and nothing dispatched) or if more

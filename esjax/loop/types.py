@@ -1,4 +1,4 @@
-"""The records the loop exchanges: jobs out, results in, cohorts to the ES engine.
+"""The records the loop exchanges: jobs out, results in, cohorts to the ES update.
 
 These are the whole interface between the coordinator and whatever runs rollouts (the latency simulator,
 the continuous-batching rollout loop): the rollout side receives :class:`Job` s, evaluates
@@ -111,7 +111,7 @@ class UpdateFn(Protocol):
 @dataclasses.dataclass(frozen=True)
 class UpdateRecord:
     """What one update did: its cohort (``version`` = the θ it was applied to; it produced ``version + 1``),
-    the engine's metrics and the coordinator's running totals right after it (held results re-triaged)."""
+    the ES update's metrics and the coordinator's running totals right after it (held results re-triaged)."""
 
     cohort: Cohort
     metrics: Mapping[str, Any]

@@ -2,9 +2,9 @@
 
 Activations have a leading row axis ``B``; per-group noise has a leading group axis ``G`` with
 ``B = G * rows_per_group`` (rows of a group are contiguous). A ``LowRank`` kernel noise is applied off one
-shared base matmul, ``x W + sigma (x A_g) B_gᵀ / √r`` (as ``esjax.es.noise.lowrank_matmul``), with the
-``x A_g`` products of the layers that read the same ``x`` in one matmul (:func:`dense_shared_input`);
-dense deltas (norm scales, biases) are added per group.
+shared base matmul, ``x W + sigma (x A_g) B_gᵀ / √r`` (``esjax.es.noise.lowrank_matmul``'s arithmetic: the term is
+its :func:`~esjax.es.noise.lowrank_delta`), with the ``x A_g`` products of the layers that read the same ``x`` in
+one matmul (:func:`dense_shared_input`); dense deltas (norm scales, biases) are added per group.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from esjax.es.noise import lowrank_embed
+from esjax.es.noise import lowrank_delta, lowrank_embed
 from esjax.model.config import ModelConfig
 from esjax.model.perturb import LowRank
 
@@ -96,7 +96,7 @@ def dense_shared_input(x: jax.Array, linears: list[Linear], sigma: jax.Array) ->
         for i in perturbed:
             a, b = linears[i][2]
             rank = a.shape[-1]
-            delta = jnp.einsum("g...r,gnr->g...n", xa[..., offset:offset + rank], b) * (sigma / math.sqrt(rank))
+            delta = lowrank_delta(xa[..., offset:offset + rank], b, sigma)
             ys[i] = ys[i] + _ungroup(delta).astype(ys[i].dtype)
             offset += rank
     for i, (_, bias, _, bias_noise) in enumerate(linears):
@@ -108,7 +108,7 @@ def dense_shared_input(x: jax.Array, linears: list[Linear], sigma: jax.Array) ->
 def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, kernel_noise: LowRank | None,
           bias_noise: jax.Array | None, sigma: jax.Array) -> jax.Array:
     """``x @ (W + sigma*eps_group) + (b + delta_group)`` with the low-rank term off the shared base matmul:
-    ``x W + sigma (x A_g) B_gᵀ / √r`` (as ``esjax.es.noise.lowrank_matmul``)."""
+    ``x W + sigma (x A_g) B_gᵀ / √r`` (as ``esjax.es.noise.lowrank_matmul``, through its ``lowrank_delta``)."""
     return dense_shared_input(x, [(kernel, bias, kernel_noise, bias_noise)], sigma)[0]
 
 
@@ -133,13 +133,12 @@ def tied_head(x: jax.Array, table: jax.Array, noise: LowRank | None, sigma: jax.
     if noise is None:
         return jnp.einsum("...d,vd->...v", x, table)
     groups, vocab, rank = noise.a.shape
-    scale = sigma / math.sqrt(rank)
     xb = _factor_products(x, noise.b, vocab)  # [G, R, .., r]
     hidden = x.shape[-1]
     if x.size // hidden <= hidden + groups * rank or groups * rank > SHARED_COLUMNS_FRACTION * hidden:
         base = jnp.einsum("...d,vd->...v", x, table)
-        delta = jnp.einsum("g...r,gvr->g...v", xb, noise.a) * scale
-        return base + _ungroup(delta).astype(base.dtype)
+        return base + _ungroup(lowrank_delta(xb, noise.a, sigma)).astype(base.dtype)
+    scale = sigma / math.sqrt(rank)
     own = jnp.arange(groups).reshape(groups, *(1,) * (xb.ndim - 2), 1, 1) == jnp.arange(groups)[:, None]
     spread = jnp.where(own, (xb * scale)[..., None, :], 0).reshape(*xb.shape[:-1], groups * rank)
     columns = jnp.moveaxis(noise.a, 0, 1).reshape(vocab, groups * rank)

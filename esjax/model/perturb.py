@@ -83,12 +83,6 @@ class Perturbation:
         g = self.group_size
         return self.versions[::g], self.indices[::g], self.active[::g]
 
-    def repeat_rows(self, k: int) -> Perturbation:
-        """Each row repeated ``k`` times in place (row i → rows i*k..i*k+k-1); groups grow to ``group_size*k``."""
-        rep = lambda x: jnp.repeat(x, k, axis=0)
-        return dataclasses.replace(self, versions=rep(self.versions), indices=rep(self.indices),
-                                   active=rep(self.active), group_size=self.group_size * k)
-
     def pad_rows(self, rows: int) -> Perturbation:
         """Append inactive rows up to ``rows`` (a multiple of ``group_size``)."""
         extra = rows - self.rows

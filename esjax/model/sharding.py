@@ -165,11 +165,6 @@ def param_shardings(config: ModelConfig, mesh: Mesh) -> Any:
                         is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
 
 
-def shard_params(params: Any, config: ModelConfig, mesh: Mesh) -> Any:
-    """Place an existing parameter tree onto ``mesh`` (loading from disk should use ``hf.load_params``)."""
-    return jax.device_put(params, param_shardings(config, mesh))
-
-
 def batch_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
     """Rows over ``data``, everything else replicated (inputs such as tokens, positions, masks)."""
     return named_sharding(mesh, ("batch",) + (None,) * (len(shape) - 1), shape)

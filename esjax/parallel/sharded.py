@@ -1,6 +1,6 @@
 """The ES update and the population forward under one ``('data', 'model')`` mesh.
 
-Why this module exists: the ES engine (:mod:`esjax.es.step`) and the decoder (:mod:`esjax.model`) are
+Why this module exists: the ES update (:mod:`esjax.es.step`) and the decoder (:mod:`esjax.model`) are
 written sharding-agnostic. Here they are compiled with explicit in/out shardings taken from the model's
 logical axis rules (:mod:`esjax.model.sharding`, the one place where meshes and shardings are declared), so that
 
@@ -85,7 +85,7 @@ class ShardedES:
     """The ES update compiled for one mesh with θ (and its update) sharded by the model's rules.
 
     ``update_fn`` has the signature of :func:`esjax.es.step.update` (``(config, state, versions, indices,
-    fitness) -> (state, metrics)``), so it can be handed to ``esjax.loop.engine.ESUpdate(update_fn=...)``.
+    fitness) -> (state, metrics)``), so it can be handed to ``esjax.loop.es_update.ESUpdate(update_fn=...)``.
     Cohort arrays are tiny and replicated; metrics come back replicated.
 
     Args:
@@ -94,6 +94,7 @@ class ShardedES:
       mesh: a ``('data', 'model')`` mesh.
       donate: donate the input state's buffers (saves one copy of θ; only when no older version of θ is
         kept alive, i.e. K = 0 or θ_{t−k} are not needed).
+      execution: the update's memory layout (an ``ESExecution``; default: its defaults).
     """
 
     es_config: Any
@@ -101,6 +102,7 @@ class ShardedES:
     mesh: Mesh
     donate: bool = False
     dtype: Any = None
+    execution: Any = es_step.DEFAULT_EXECUTION
 
     def __post_init__(self) -> None:
         check_partitionable()
@@ -108,7 +110,8 @@ class ShardedES:
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         rep = self.replicated
         self._jit = jax.jit(
-            lambda state, versions, indices, fitness: es_step.update(self.es_config, state, versions, indices, fitness),
+            lambda state, versions, indices, fitness: es_step.update(self.es_config, state, versions, indices, fitness,
+                                                                     self.execution),
             in_shardings=(self.shardings, rep, rep, rep),
             out_shardings=(self.shardings, rep),
             donate_argnums=(0,) if self.donate else (),
@@ -226,13 +229,4 @@ def per_device_bytes(tree: PyTree) -> dict[int, int]:
         if isinstance(leaf, jax.Array):
             for shard in leaf.addressable_shards:
                 out[shard.device.id] = out.get(shard.device.id, 0) + int(shard.data.nbytes)
-    return out
-
-
-def describe_shardings(tree: PyTree) -> dict[str, str]:
-    """``path -> PartitionSpec`` text of every array leaf (for logs and error messages)."""
-    out = {}
-    for kp, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        sharding = getattr(leaf, "sharding", None)
-        out[path_str(kp)] = str(getattr(sharding, "spec", sharding))
     return out

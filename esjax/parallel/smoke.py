@@ -2,7 +2,7 @@
 
 ``python -m esjax.parallel.smoke --mesh data=2,model=4 [--updates 3]`` runs the real pieces end to end on a
 tiny random decoder: the replicated :class:`~esjax.loop.coordinator.Coordinator` with the Async schedule,
-:class:`~esjax.loop.engine.ESUpdate` over the mesh-sharded update (:class:`~esjax.parallel.sharded.ShardedES`),
+:class:`~esjax.loop.es_update.ESUpdate` over the mesh-sharded update (:class:`~esjax.parallel.sharded.ShardedES`),
 a population forward with rows over ``data`` whose per-row log-likelihood of fixed tokens is the fitness,
 per-process row ownership and the per-tick :func:`~esjax.parallel.multihost.exchange_results`. Some results
 are held back one tick, so cohorts mix lag-0 and lag-1 members. It prints a checksum of the final θ: the same
@@ -99,8 +99,8 @@ def deterministic_run(mesh: Any, *, updates: int = 3, population: int = 4, max_l
     import jax.numpy as jnp
 
     from esjax.loop.coordinator import Coordinator, CoordinatorConfig, apply_cohorts
-    from esjax.loop.engine import ESUpdate
-    from esjax.loop.schedules import Async
+    from esjax.loop.es_update import ESUpdate
+    from esjax.loop.staleness import Async
     from esjax.model.params import init_params
     from esjax.model.perturb import Perturbation
     from esjax.model.sharding import pad_rows_to

@@ -18,7 +18,7 @@ What is counted, per device:
 * update extras: the new θ (and new optimizer state, when there is one), and the scratch of one group of leaves.
 
 The update (:func:`esjax.es.step.update`) forms the gradient and steps the optimizer one group of leaves at a
-time: consecutive leaves (flatten order) whose float32 gradients fit ``ESConfig.update_chunk_bytes``
+time: consecutive leaves (flatten order) whose float32 gradients fit ``ESExecution.update_chunk_bytes``
 (256 MiB by default; a larger leaf is a group alone), each group after the previous one is done. Its scratch
 is planned as the largest over the groups ``g`` of ::
 
@@ -214,7 +214,7 @@ def plan_memory(config: ModelConfig, *, data: int = 1, model: int = 1, populatio
       prefill: tokens per prefill call (prompt chunk); default ``min(context, 512)``.
       episodes_per_member: rows sharing one member (full mode materializes θ once per member, not per row).
       headroom: fraction of device memory the plan may use (XLA workspace, fragmentation).
-      update_chunk_bytes: the update's ``ESConfig.update_chunk_bytes`` (``None``: all leaves at once).
+      update_chunk_bytes: the update's ``ESExecution.update_chunk_bytes`` (``None``: all leaves at once).
     """
     if mode not in ("lowrank", "full"):
         raise ValueError(f"mode must be 'lowrank' or 'full', got {mode!r}")

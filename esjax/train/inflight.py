@@ -16,8 +16,9 @@ from esjax.rundir.traces import TraceRecorder
 
 
 @dataclasses.dataclass
-class Evaluation:
-    """A greedy evaluation of the unperturbed θ at ``version`` on fixed held-out goals."""
+class EvalProgress:
+    """The progress of one greedy evaluation of the unperturbed θ at ``version`` on fixed held-out goals (a member
+    job's is :class:`JobProgress`)."""
 
     eval_id: int
     version: int
@@ -57,7 +58,7 @@ class Evaluation:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], goals: list[int], started_wall: float) -> Evaluation:
+    def from_dict(cls, data: dict[str, Any], goals: list[int], started_wall: float) -> EvalProgress:
         """An evaluation in progress, from a checkpoint's loop state (:meth:`to_dict`)."""
         ev = cls(int(data["eval_id"]), int(data["version"]), goals, int(data["started_tick"]), started_wall,
                  int(data["next_position"]), {int(k): float(v) for k, v in data["rewards"].items()},

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from esjax.agent.generate_agent import GenerateAgent
 from esjax.agent.policy import LoadedPolicy, load_policy
-from esjax.agent.react import GenerateAgent
 from esjax.agent.webshop import WebShopAgent
 from esjax.config import Config, ConfigError
 from esjax.config.schema import (
@@ -35,18 +35,18 @@ from esjax.config.schema import (
     ScheduleSection,
 )
 from esjax.es.noise import NoiseSpec, Scope
-from esjax.es.schedules import constant, cosine, linear
+from esjax.es.sigma_schedules import constant, cosine, linear
 from esjax.es.step import ESConfig, ESState
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig
-from esjax.loop.engine import ESUpdate
+from esjax.loop.es_update import ESUpdate
 from esjax.loop.protocols import EnvPool
 from esjax.loop.rollout import RolloutEngine
-from esjax.loop.schedules import Schedule, make_schedule
+from esjax.loop.staleness import Schedule, make_schedule
 from esjax.rundir.checkpoint import Checkpointer
 from esjax.rundir.directory import resume_config
 
 if TYPE_CHECKING:
-    from esjax.loop.generate import GenerateEngine
+    from esjax.loop.generate_rollout import GenerateEngine
 
 
 def shop_spec(env: EnvSection):
@@ -180,7 +180,7 @@ def build_engine(a: AgentSection, pool: EnvPool, agent: WebShopAgent | GenerateA
     sigma_at = functools.lru_cache(maxsize=64)(lambda v: float(es_config.sigma_at(v)))
     if a.mode == "generate":
         from esjax.agent.lanes import Sampling
-        from esjax.loop.generate import GenerateEngine
+        from esjax.loop.generate_rollout import GenerateEngine
 
         return GenerateEngine(pool, agent, policy.config, es_config.noise, sigma_at, max_steps,
                               Sampling(a.temperature, a.top_p, a.top_k), a.max_new_tokens, a.decode_steps,
@@ -202,7 +202,7 @@ def build_es_config(es: ESSection, seed: int, updates: int) -> ESConfig:
         sigma = cosine(es.sigma, es.sigma_final, updates)
     optimizer = build_optimizer(es)
     # a named optimizer is per-leaf already; the optax Adam built for non-default settings is per-leaf too, so
-    # the update may still step it one group of leaves at a time (ESConfig.update_chunk_bytes)
+    # the update may still step it one group of leaves at a time (ESExecution.update_chunk_bytes)
     return ESConfig(noise=noise, sigma=sigma, learning_rate=es.learning_rate, scale=es.scale,
                     shaping=es.shaping, optimizer=optimizer, weight_decay=es.weight_decay,
                     anchor_decay=es.anchor_decay, per_leaf_optimizer=not isinstance(optimizer, str))

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 from esjax.loop.coordinator import Coordinator
-from esjax.loop.engine import ESUpdate
+from esjax.loop.es_update import ESUpdate
 from esjax.loop.rollout import RolloutEngine
 from esjax.rundir.checkpoint import Checkpointer
-from esjax.train.evaluations import Evaluations
 from esjax.train.inflight import LoopCounters
+from esjax.train.interleaved_eval import Evaluations
 from esjax.train.jobs import MemberJobs
 
 

@@ -23,7 +23,7 @@ finished run changes nothing.
 
 This module is the algorithm and its training jobs (their episodes and retries). What it calls at named points
 lives beside it, one job each: the parts it is built from (:mod:`esjax.train.parts`, once) and the settings it
-reads (:mod:`esjax.train.settings`, resolved once from the config), evaluations (:mod:`esjax.train.evaluations`),
+reads (:mod:`esjax.train.settings`, resolved once from the config), evaluations (:mod:`esjax.train.interleaved_eval`),
 records and health events (:mod:`esjax.train.records`), checkpoints (:mod:`esjax.train.persistence`) and the
 in-flight records (:mod:`esjax.train.inflight`).
 """
@@ -38,15 +38,15 @@ import jax
 
 from esjax.config import Config
 from esjax.loop.coordinator import RejectedUpdate, apply_cohorts
-from esjax.loop.engine import ESUpdate
+from esjax.loop.es_update import ESUpdate
 from esjax.loop.rollout import Episode
 from esjax.loop.types import Result, UpdateRecord
 from esjax.rundir.checkpoint import Checkpointer
 from esjax.rundir.metrics import MetricsWriter, RecordCounter
 from esjax.train import persistence
-from esjax.train.evaluations import Evaluations
 from esjax.train.hooks import Hooks, Tick
 from esjax.train.inflight import LoopCounters, SinceUpdate
+from esjax.train.interleaved_eval import Evaluations
 from esjax.train.jobs import MemberJobs
 from esjax.train.parts import build_run_parts
 from esjax.train.progress import Progress

@@ -73,7 +73,7 @@ def test_byte_automaton_accepts_where_the_regular_expression_first_matches():
     """The action pattern's automaton (esjax.agent.automaton) reaches ACCEPT at the first byte where the text so far
     holds an ``ACTION`` match, on texts dense in names, brackets, line breaks, case changes and word characters."""
     from esjax.agent.automaton import ACCEPT, START, UNKNOWN, byte_automaton
-    from esjax.agent.react import ACTION, ACTION_NAMES
+    from esjax.agent.generate_agent import ACTION, ACTION_NAMES
 
     table = byte_automaton(ACTION_NAMES)
     rng = np.random.default_rng(3)

@@ -6,9 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-from esjax.agent import generation, scoring
+from esjax.agent import batch_generate, scoring
+from esjax.agent.batch_generate import generate
 from esjax.agent.buckets import Buckets, bucket
-from esjax.agent.generation import generate
 from esjax.agent.scoring import score_candidates
 from esjax.es.noise import NoiseSpec, Scope
 from esjax.model.decoder import forward_jit
@@ -154,10 +154,10 @@ def test_generation_with_members_uses_their_noise(model):
 
 def test_generation_bounded_programs(model):
     config, params = model
-    before = generation._decode._cache_size()
+    before = batch_generate._decode._cache_size()
     for n in (3, 5, 7):
         generate(config, params, [list(range(1, n + 1))], max_new_tokens=5, stop_token_ids=())
-    assert generation._decode._cache_size() - before <= 1
+    assert batch_generate._decode._cache_size() - before <= 1
 
 
 def test_buckets():

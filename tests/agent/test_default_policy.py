@@ -27,7 +27,7 @@ def test_embedded_policy_loads_through_hf_path_and_beats_the_first_hit_rule_on_r
     from envs.webshop_bridge import FirstHitPolicy, RandomPolicy, evaluate, load_webshop
     from esjax.agent.webshop import WebShopAgent
     from esjax.model.params import param_count
-    from esjax.train.evaluate import evaluate_policy
+    from esjax.train.standalone_eval import evaluate_policy
 
     policy = load_policy("hf", str(EMBEDDED_POLICY_DIR))
     embedded = load_policy("embedded")

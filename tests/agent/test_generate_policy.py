@@ -104,8 +104,8 @@ def test_the_shipped_generative_policies_write_valid_actions(embedded, overrides
     from envs.webshop_bridge import load_webshop
     from esjax.agent.policy import load_policy
     from esjax.config import load_config
-    from esjax.train.evaluate import evaluate_policy
     from esjax.train.parts import build_generate_agent
+    from esjax.train.standalone_eval import evaluate_policy
 
     config = load_config(ROOT / "configs" / "generate.yaml", [f"model.embedded={embedded}", *overrides])
     policy = load_policy(config.model.source, embedded=config.model.embedded)

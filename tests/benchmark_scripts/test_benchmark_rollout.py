@@ -59,8 +59,8 @@ def test_simulated_device_runs_the_loops_host_work_and_leaves_the_real_programs_
 
 @pytest.mark.slow
 def test_simulated_device_in_generate_mode_writes_replies_that_step_the_env():
-    import esjax.loop.generate as generate
-    from esjax.loop.generate import GenerateEngine
+    import esjax.loop.generate_rollout as generate
+    from esjax.loop.generate_rollout import GenerateEngine
 
     module = _benchmark()
     result = module.main(["--quick", "--config", str(ROOT / "configs" / "generate-tiny.yaml"),

@@ -1,9 +1,12 @@
 """ES contract: NaN/inf members are excluded from every statistic also through the evosax shaping adapter
 (eager, jitted and inside CounterOpenES), seeds outside [0, 2**32) are refused instead of aliasing, and the
-functional update refuses members from versions ahead of the state, as ES.update does."""
+functional update refuses members from versions ahead of the state, as ES.update does; the direction (maximize /
+minimize) is explicit on both faces; esjax.es exports its __all__ only."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from pathlib import Path
 
 import jax
@@ -121,6 +124,35 @@ def test_counter_open_es_tell_drops_invalid_members():
     eps = np.stack([np.asarray(pair_noise(spec, "", (5,), 0, i // 2)) * (1 if i % 2 == 0 else -1) for i in range(n)])
     grad = (w[:, None] * eps).sum(0) / (6 * std)
     np.testing.assert_allclose(np.asarray(new_state.mean), np.asarray(mean) + lr * grad, rtol=1e-5, atol=1e-6)
+
+
+def test_direction_is_explicit_on_both_faces():
+    """esjax.es maximizes by default and minimizes with ESConfig(maximize=False); CounterOpenES minimizes by default
+    (as evosax) and maximizes with maximize=True. Each face, given the negated fitness in the other direction, takes
+    the same step bit for bit; metrics and the best so far keep the caller's sign."""
+    config = ESConfig(noise=NoiseSpec(seed=3, mode="full", scope=Scope("all")), sigma=0.1, learning_rate=0.1)
+    params = {"w": jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)}
+    fitness = np.array([0.5, -1.0, 2.0, 1.5], np.float32)
+    versions, indices = np.zeros(4, np.int32), np.arange(4, dtype=np.int32)
+    up, _ = update(config, init(config, params), versions, indices, fitness)
+    minimizing = dataclasses.replace(config, maximize=False)
+    down, metrics = update(minimizing, init(minimizing, params), versions, indices, -fitness)
+    assert np.asarray(up.params["w"]).tobytes() == np.asarray(down.params["w"]).tobytes()
+    assert float(metrics["fitness_max"]) == 1.0 and float(metrics["fitness_min"]) == -2.0  # as given
+    with pytest.raises(TypeError, match="maximize"):
+        ESConfig(maximize="yes")
+
+    mean = jnp.linspace(-1.0, 1.0, 5)
+    kw = dict(optimizer=optax.sgd(0.1), std_schedule=optax.constant_schedule(0.2), seed=6)
+    losses, gains = CounterOpenES(4, mean, **kw), CounterOpenES(4, mean, maximize=True, **kw)
+    key, params = jax.random.key(0), losses.default_params
+    population, _ = losses.ask(key, losses.init(key, mean, params), params)
+    lost, m_lost = losses.tell(key, population, jnp.asarray(fitness), losses.init(key, mean, params), params)
+    gained, m_gained = gains.tell(key, population, jnp.asarray(-fitness), gains.init(key, mean, params), params)
+    assert np.asarray(lost.mean).tobytes() == np.asarray(gained.mean).tobytes()
+    assert float(m_lost["best_fitness"]) == -1.0 and float(m_gained["best_fitness"]) == 1.0
+    np.testing.assert_array_equal(m_lost["best_solution"], m_gained["best_solution"])
+    assert float(gains.init(key, mean, params).best_fitness) == -np.inf
 
 
 @pytest.mark.parametrize("seed", [2**32, 2**32 + 7, -1, 2**63])
@@ -242,6 +274,9 @@ def test_ask_gives_antithetic_members_and_their_parameters():
 def test_library_face_is_short_and_documented():
     import esjax.es as library
 
-    assert len(library.__all__) <= 15
+    assert len(library.__all__) <= 16
+    exported = {name for name, value in vars(library).items()
+                if not name.startswith("_") and not inspect.ismodule(value)}
+    assert exported == set(library.__all__), exported ^ set(library.__all__)  # nothing beside the documented face
     undocumented = [name for name in library.__all__ if not (getattr(library, name).__doc__ or "").strip()]
     assert not undocumented, undocumented

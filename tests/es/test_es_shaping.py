@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from evosax.core.fitness_shaping import centered_rank_fitness_shaping_fn, standardize_fitness_shaping_fn
 
-from esjax.es import schedules, shaping
+from esjax.es import shaping, sigma_schedules
 
 COHORT = np.array([0.3, np.nan, -1.0, 2.5, 0.3, np.inf, 7.0, -np.inf, 0.3, 1.0], np.float32)
 VALID = np.isfinite(COHORT)
@@ -71,9 +71,9 @@ def test_evosax_adapter_negates_minimization():
 
 
 def test_sigma_schedules_values_and_jit():
-    cos = schedules.cosine(0.1, 0.01, 100)
-    lin = schedules.linear(0.1, 0.01, 100)
-    const = schedules.constant(0.05)
+    cos = sigma_schedules.cosine(0.1, 0.01, 100)
+    lin = sigma_schedules.linear(0.1, 0.01, 100)
+    const = sigma_schedules.constant(0.05)
     assert math.isclose(float(cos(0)), 0.1, rel_tol=1e-6)
     assert math.isclose(float(cos(50)), 0.055, rel_tol=1e-5)
     assert math.isclose(float(cos(100)), 0.01, rel_tol=1e-5) and math.isclose(float(cos(500)), 0.01, rel_tol=1e-5)
@@ -84,6 +84,6 @@ def test_sigma_schedules_values_and_jit():
     ts = jnp.arange(0, 120, 7)
     for sched in (cos, lin, const):
         np.testing.assert_allclose(jax.jit(sched)(ts), [float(sched(int(x))) for x in ts], rtol=1e-6)
-    assert hash(cos) == hash(schedules.cosine(0.1, 0.01, 100))  # usable inside a static jit config
+    assert hash(cos) == hash(sigma_schedules.cosine(0.1, 0.01, 100))  # usable inside a static jit config
     with pytest.raises(ValueError, match="sigma must be > 0"):
-        schedules.as_schedule(0.0)
+        sigma_schedules.as_schedule(0.0)

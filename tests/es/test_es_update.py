@@ -15,9 +15,12 @@ import optax
 import pytest
 from evosax.algorithms import Open_ES
 
-from esjax.es import ES, ESConfig, NoiseSpec, Scope, es_gradient, init, member_noise, path_str, shape, update
+from esjax.es import ES, ESConfig, ESExecution, NoiseSpec, Scope, init, update
 from esjax.es import step as es_step
 from esjax.es.grouped import leaf_groups
+from esjax.es.noise import member_noise, path_str
+from esjax.es.shaping import shape
+from esjax.es.step import es_gradient
 
 PARAMS = {
     "dense": {"kernel": jnp.linspace(-1.0, 1.0, 30).reshape(6, 5), "bias": jnp.full((5,), 0.5)},
@@ -31,14 +34,16 @@ VALID = np.isfinite(FITNESS)
 
 CONFIGS = {
     "full-llm": ESConfig(noise=NoiseSpec(seed=1, mode="full", scope=Scope("all")), sigma=0.1, learning_rate=0.2,
-                         scale="llm", chunk_size=1),
+                         scale="llm"),
     "full-nes": ESConfig(noise=NoiseSpec(seed=1, mode="full", scope=Scope("all")), sigma=0.1, learning_rate=0.2,
-                         scale="nes", chunk_size=4, shaping="z_score"),
+                         scale="nes", shaping="z_score"),
     "lowrank-llm": ESConfig(noise=NoiseSpec(seed=2, mode="lowrank", rank=2, scope=Scope("all")), sigma=0.1,
                             learning_rate=0.2, scale="llm"),
     "lowrank-nes": ESConfig(noise=NoiseSpec(seed=2, mode="lowrank", rank=2, scope=Scope("all")),
-                            sigma=lambda t: 0.05 + 0.01 * t, learning_rate=0.2, scale="nes", chunk_size=2),
+                            sigma=lambda t: 0.05 + 0.01 * t, learning_rate=0.2, scale="nes"),
 }
+#: The draws per chunk each config is updated with (``ESExecution.chunk_size``; None: automatic, 1 in full mode).
+CHUNKS = {"full-llm": 1, "full-nes": 4, "lowrank-llm": None, "lowrank-nes": 2}
 
 
 def _weights(fitness: np.ndarray, method: str) -> np.ndarray:
@@ -85,7 +90,7 @@ def _flat(tree) -> dict[str, np.ndarray]:
 def test_update_equals_naive_reference(name):
     config = CONFIGS[name]
     state = init(config, PARAMS, version=3)
-    new, metrics = update(config, state, VERSIONS, INDICES, FITNESS)
+    new, metrics = update(config, state, VERSIONS, INDICES, FITNESS, ESExecution(chunk_size=CHUNKS[name]))
     ref = _naive_gradient(config, PARAMS, VERSIONS, INDICES, FITNESS)
     before, after = _flat(PARAMS), _flat(new.params)
     for k in ref:
@@ -243,7 +248,7 @@ def test_gradient_memory_is_independent_of_population():
     assert large < 8 * param_bytes, (small, large)  # a few noise-sized buffers, never N of them
     assert large < small + 64 * 1024, (small, large)  # growth: only the [N] id/weight vectors
     lowrank = ESConfig(noise=NoiseSpec(mode="lowrank", rank=1))
-    chunk_factors = lowrank.get_chunk_size(params, 2048) * (200 + 100) * 4
+    chunk_factors = ESExecution().get_chunk_size(lowrank.noise, params, 2048) * (200 + 100) * 4
     assert temp_bytes(lowrank, 2048) < 2 * param_bytes + 8 * chunk_factors
 
 
@@ -268,7 +273,7 @@ def test_configs_built_twice_are_equal_and_share_one_compiled_update():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# One group of leaves at a time (ESConfig.update_chunk_bytes)
+# One group of leaves at a time (ESExecution.update_chunk_bytes)
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -277,12 +282,12 @@ def test_leaf_groups_fill_the_budget_in_order():
     assert leaf_groups(sizes, 4) == [[0], [1, 2], [3], [4, 5]]
     assert leaf_groups(sizes, 0) == [[i] for i in range(6)]
     assert leaf_groups(sizes, None) == [list(range(6))] and leaf_groups([], None) == []
-    config = ESConfig(update_chunk_bytes=35 * 4)  # f32 bytes of dense/bias + dense/kernel: stack/kernel does not fit
-    assert config.update_groups(PARAMS) == [[0, 1], [2]]  # flatten order: dense/bias, dense/kernel, stack/kernel
-    clip = ESConfig(optimizer=optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1)), update_chunk_bytes=0)
-    assert clip.update_groups(PARAMS) == [[0, 1, 2]]  # not declared per-leaf: stepped on all leaves at once
+    budget = ESExecution(update_chunk_bytes=35 * 4)  # f32 bytes of dense/bias + dense/kernel: stack/kernel does not fit
+    assert budget.update_groups(ESConfig(), PARAMS) == [[0, 1], [2]]  # flatten order: dense/bias, dense/kernel, stack
+    clip = ESConfig(optimizer=optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1)))
+    assert ESExecution(update_chunk_bytes=0).update_groups(clip, PARAMS) == [[0, 1, 2]]  # not per-leaf: all at once
     with pytest.raises(ValueError, match="update_chunk_bytes"):
-        ESConfig(update_chunk_bytes=-1)
+        ESExecution(update_chunk_bytes=-1)
 
 
 _MOMENTUM = optax.sgd(0.2, momentum=0.9)
@@ -292,15 +297,15 @@ GROUPED = {
     "full-sgd-f32": (ESConfig(noise=NoiseSpec(seed=1, mode="full", scope=Scope("all")), sigma=0.1,
                               learning_rate=0.2), {0: 3}),
     "full-momentum-chunk2": (ESConfig(noise=NoiseSpec(seed=1, mode="full", scope=Scope("all")), learning_rate=0.2,
-                                      optimizer=_MOMENTUM, per_leaf_optimizer=True, chunk_size=2), {0: 3}),
+                                      optimizer=_MOMENTUM, per_leaf_optimizer=True), {0: 3}),
     "lowrank-sgd-decays": (ESConfig(noise=NoiseSpec(seed=2, mode="lowrank", rank=2, scope=Scope("all")),
                                     learning_rate=0.2, weight_decay=0.01, anchor_decay=0.5, scale="nes"),
                            {0: 3, 35 * 4: 2}),
-    "lowrank-sgd-bf16": (ESConfig(noise=NoiseSpec(seed=2, mode="lowrank", rank=1), learning_rate=0.2, chunk_size=3),
-                         {0: 3}),
+    "lowrank-sgd-bf16": (ESConfig(noise=NoiseSpec(seed=2, mode="lowrank", rank=1), learning_rate=0.2), {0: 3}),
     "lowrank-adam": (ESConfig(noise=NoiseSpec(seed=2, mode="lowrank", rank=1, scope=Scope("all")), learning_rate=0.2,
                               optimizer="adam", weight_decay=0.01), {0: 3}),
 }
+GROUPED_CHUNKS = {"full-momentum-chunk2": 2, "lowrank-sgd-bf16": 3}  # ESExecution.chunk_size (else automatic)
 
 
 @pytest.mark.parametrize("name", list(GROUPED))
@@ -316,10 +321,10 @@ def test_grouped_update_equals_all_leaves_at_once(name):
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), PARAMS) if name.endswith("bf16") else PARAMS
 
     def two_steps(budget):
-        c = dataclasses.replace(config, update_chunk_bytes=budget)
-        state, m1 = update(c, init(c, params, version=3), VERSIONS, INDICES, FITNESS)
-        state, m2 = update(c, state, VERSIONS + 1, INDICES, FITNESS[::-1].copy())
-        return [np.asarray(x) for x in jax.tree.leaves((state, m1, m2))], len(c.update_groups(params))
+        e = ESExecution(chunk_size=GROUPED_CHUNKS.get(name), update_chunk_bytes=budget)
+        state, m1 = update(config, init(config, params, version=3), VERSIONS, INDICES, FITNESS, e)
+        state, m2 = update(config, state, VERSIONS + 1, INDICES, FITNESS[::-1].copy(), e)
+        return [np.asarray(x) for x in jax.tree.leaves((state, m1, m2))], len(e.update_groups(config, params))
 
     whole, groups = two_steps(None)
     assert groups == 1
@@ -340,10 +345,12 @@ def test_a_transformation_not_declared_per_leaf_sees_all_leaves():
                     optimizer=optax.chain(optax.clip_by_global_norm(0.05), optax.sgd(0.2)))
     state = init(base, PARAMS, version=3)
 
-    def run(**changes):
-        return _flat(update(dataclasses.replace(base, **changes), state, VERSIONS, INDICES, FITNESS)[0].params)
+    def run(budget, per_leaf_optimizer=False):
+        config = dataclasses.replace(base, per_leaf_optimizer=per_leaf_optimizer)
+        execution = ESExecution(update_chunk_bytes=budget)
+        return _flat(update(config, state, VERSIONS, INDICES, FITNESS, execution)[0].params)
 
-    whole, safe = run(update_chunk_bytes=None), run(update_chunk_bytes=0)
-    wrong = run(update_chunk_bytes=0, per_leaf_optimizer=True)
+    whole, safe = run(None), run(0)
+    wrong = run(0, per_leaf_optimizer=True)
     assert all(np.array_equal(safe[k], whole[k]) for k in whole)
     assert not all(np.allclose(wrong[k], whole[k]) for k in whole)

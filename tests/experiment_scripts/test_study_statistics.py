@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from esjax.loop.schedules import stale_count
+from esjax.loop.staleness import stale_count
 from esjax.rundir.stats import holm, paired_test, seeds_needed, seeds_normal, tost_power, verdict
 from experiments import report, staleness_grid
 from experiments.lib.grid import DATASETS, PRESETS, all_cells, paper_cells, select_cells

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig, apply_cohorts
-from esjax.loop.schedules import Async, Controlled, ExtremeLag, Sync
 from esjax.loop.simulate import LogNormal, simulate
+from esjax.loop.staleness import Async, Controlled, ExtremeLag, Sync
 from esjax.loop.tasks import TaskSampler
 from esjax.loop.types import Member, Result
 
@@ -154,7 +154,7 @@ def test_a_cascade_is_handed_out_one_update_at_a_time():
     cohorts. A driver that reports the whole tick first and then applies the complete cohorts one at a time
     (the trainer) gets each on its own — t advances by one per advance(), records labelled in turn — and the
     same decisions as a driver that applies each update the moment its cohort completes."""
-    from esjax.loop.schedules import AllStale
+    from esjax.loop.staleness import AllStale
 
     config = CoordinatorConfig(2, 2, seed=3)
     eager, deferred = Coordinator(config, AllStale(2)), Coordinator(config, AllStale(2))

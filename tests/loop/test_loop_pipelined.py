@@ -11,10 +11,10 @@ import pytest
 from conftest import same_bits, theta_moved
 from run_settings import embedded
 
-import esjax.loop.generate as generate
+import esjax.loop.generate_rollout as generate
 import esjax.train.parts as parts
 from esjax.config import load_config
-from esjax.loop.generate import GenerateEngine
+from esjax.loop.generate_rollout import GenerateEngine
 from esjax.loop.rollout import RolloutEngine
 from esjax.rundir.metrics import untimed
 from esjax.train.session import train

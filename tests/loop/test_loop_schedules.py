@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig
-from esjax.loop.schedules import AllStale, Async, Controlled, ExtremeLag, Sync, make_schedule, stale_count
 from esjax.loop.simulate import HashFitness, LogNormal, Scripted, SimReport, simulate
+from esjax.loop.staleness import AllStale, Async, Controlled, ExtremeLag, Sync, make_schedule, stale_count
 from esjax.loop.tasks import hash_uniform
 from esjax.loop.types import Job
 

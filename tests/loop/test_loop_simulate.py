@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig
-from esjax.loop.schedules import Async, Controlled, Sync
 from esjax.loop.simulate import ConstantDuration, Empirical, LogNormal, Pareto, RewardTable, simulate
+from esjax.loop.staleness import Async, Controlled, Sync
 
 _LOGNORMAL = LogNormal(1.0)
 

@@ -10,9 +10,9 @@ import numpy as np
 from esjax.es import noise as es_noise
 from esjax.es import step as es_step
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig
-from esjax.loop.engine import ESUpdate, QuadraticFitness
-from esjax.loop.schedules import Async, Controlled
+from esjax.loop.es_update import ESUpdate, QuadraticFitness
 from esjax.loop.simulate import HashFitness, LogNormal, simulate
+from esjax.loop.staleness import Async, Controlled
 
 
 def _params():

@@ -31,7 +31,7 @@ class _Lazy:
 torch = _Lazy("torch")
 transformers = _Lazy("transformers")
 
-from esjax.agent.generation import generate  # noqa: E402
+from esjax.agent.batch_generate import generate  # noqa: E402
 from esjax.model import hf  # noqa: E402
 from esjax.model.config import ModelConfigError, from_hf_dict  # noqa: E402
 from esjax.model.decoder import default_positions, forward_jit  # noqa: E402

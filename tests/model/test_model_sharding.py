@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent(r"""
     from esjax.model.perturb import Perturbation, prepare_jit
     from esjax.model.sharding import make_mesh, put_batch
     from esjax.model.testing import tiny_config
-    from esjax.agent.generation import generate
+    from esjax.agent.batch_generate import generate
 
     config = tiny_config(tie_word_embeddings=True)
     params = init_params(config, jax.random.key(0), std=0.2)

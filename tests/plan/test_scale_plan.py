@@ -126,7 +126,7 @@ def test_update_memory_plan_bounds_the_compiled_update_one_leaf_group_at_a_time(
     model's size over Qwen2.5-7B's (so, as for 7B, each large leaf is a group of its own): the plan covers the
     grouped update, and grouping takes the update's scratch well below every leaf's float32 gradient at once.
     ``benchmarks/update_memory.py`` measures the same on a 72.6M-parameter model (BENCHMARKS.md)."""
-    from esjax.es import ESConfig, NoiseSpec, Scope, init, update
+    from esjax.es import ESConfig, ESExecution, NoiseSpec, Scope, init, update
     from esjax.es.grouped import UPDATE_CHUNK_BYTES
     from esjax.model.params import init_params
 
@@ -142,8 +142,9 @@ def test_update_memory_plan_bounds_the_compiled_update_one_leaf_group_at_a_time(
     for mode in ("lowrank", "full"):
         for b in (None, budget):
             es = ESConfig(noise=NoiseSpec(seed=0, mode=mode, rank=1, scope=Scope("matrices")), sigma=1e-3,
-                          learning_rate=1e-3, update_chunk_bytes=b)
-            stats = update.lower(es, init(es, params), *cohort).compile().memory_analysis()
+                          learning_rate=1e-3)
+            execution = ESExecution(update_chunk_bytes=b)
+            stats = update.lower(es, init(es, params), *cohort, None, execution).compile().memory_analysis()
             plan = plan_memory(config, population=n, mode=mode, update_chunk_bytes=b, max_lag=0)
             planned = sum(line.bytes for line in plan.lines if line.name.startswith(("f32 gradient", "noise chunk")))
             temp[mode, b] = stats.temp_size_in_bytes

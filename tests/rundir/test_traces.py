@@ -21,7 +21,7 @@ from esjax.rundir.traces import (
     snippet,
     write_traces,
 )
-from esjax.train.inflight import Evaluation
+from esjax.train.inflight import EvalProgress
 
 INSTRUCTION = "i need a red wool scarf, and price lower than 30.00 dollars"
 
@@ -51,12 +51,12 @@ def test_recorder_follows_reruns_and_survives_a_checkpoint():
     recorder.observe(3, _episode([search], "page one"))
     # an episode that failed and starts over replaces what was recorded for its position
     recorder.observe(3, _episode([search], "page one again"))
-    ev = Evaluation(0, 2, [11, 12, 13, 14], 5, 0.0, next_position=4)
+    ev = EvalProgress(0, 2, [11, 12, 13, 14], 5, 0.0, next_position=4)
     ev.recorder = recorder
     ev.rewards[0] = 0.5
     ev.traces[0] = {"position": 0, "reward": 0.5}
     state = json.loads(json.dumps(ev.to_dict()))  # the checkpoint's loop state is JSON
-    back = Evaluation.from_dict(state, ev.goals, 9.0)
+    back = EvalProgress.from_dict(state, ev.goals, 9.0)
     assert (back.eval_id, back.version, back.next_position, back.rewards) == (0, 2, 4, {0: 0.5})
     assert back.traces == ev.traces and back.recorder.observations == {3: ["page one again"]}
     # the resumed run goes on where the checkpoint left off
@@ -74,7 +74,7 @@ def test_recorder_follows_reruns_and_survives_a_checkpoint():
     assert line["purchased_asin"] == line["goal_asin"] == "B0001" and "valid" not in line
     assert back.recorder.observations == {}
     # without traces an evaluation's checkpoint state is what it always was
-    assert set(Evaluation(1, 4, [1], 0, 0.0).to_dict()) == {"eval_id", "version", "started_tick", "next_position",
+    assert set(EvalProgress(1, 4, [1], 0, 0.0).to_dict()) == {"eval_id", "version", "started_tick", "next_position",
                                                             "rewards", "retry", "failures"}
 
 

@@ -178,8 +178,8 @@ def test_constrained_replies_cannot_reason_first():
 @pytest.mark.parametrize("constrain", ["clicks", "all"])
 def test_the_shipped_policy_constrained_never_acts_off_the_page(shipped, constrain):
     """'clicks': no click on something not on the page; 'all': also every search a word prefix of the instruction."""
-    from esjax.train.evaluate import evaluate_policy
     from esjax.train.parts import build_generate_agent
+    from esjax.train.standalone_eval import evaluate_policy
 
     config, policy, shop = shipped
     agent = build_generate_agent(config.agent.model_copy(update={"constrain": constrain}), policy)

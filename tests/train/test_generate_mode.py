@@ -1,11 +1,11 @@
 """Generate mode (``agent.mode: generate``): the policy writes each WebShop action.
 
-* action parsing and the invalid-action feedback of :mod:`esjax.agent.react`;
-* decode lanes (:mod:`esjax.agent.lanes`): greedy generation equals ``esjax.agent.generation.generate``, also
+* action parsing and the invalid-action feedback of :mod:`esjax.agent.generate_agent`;
+* decode lanes (:mod:`esjax.agent.lanes`): greedy generation equals ``esjax.agent.batch_generate.generate``, also
   when rows join a lane at different decode steps and the cache is shifted; per-row ES members (low-rank and
   full) equal generation with explicitly perturbed parameters (``esjax.es.noise.perturbed_params``) on a tiny
   random HF model loaded back from disk;
-* the engine (:mod:`esjax.loop.generate`) on the packaged real WebShop data: episodes are deterministic, every
+* the engine (:mod:`esjax.loop.generate_rollout`) on the packaged real WebShop data: episodes are deterministic, every
   member of a version draws from the same sampling stream (common random numbers), invalid actions are
   WebShop's no-op and are counted;
 * the trainer: resuming from every checkpoint is bit-identical (θ, metrics records, evaluation traces with
@@ -22,9 +22,9 @@ import jax
 import numpy as np
 import pytest
 
-from esjax.agent.generation import generate
+from esjax.agent.batch_generate import generate
+from esjax.agent.generate_agent import GenerateAgent
 from esjax.agent.lanes import PREFILL_BUCKETS, Lane, RowState, Sampling, generate_rows, split_seed
-from esjax.agent.react import GenerateAgent
 from esjax.es.noise import NoiseSpec, perturbed_params
 from esjax.model.params import init_params
 from esjax.model.testing import tiny_config
@@ -230,7 +230,7 @@ def _engine(shop, policy, rows=4, sigma=0.0, spec=None, max_steps=3, temperature
             max_new_tokens=6):
     from envs.webshop_bridge import InProcessEnvPool
     from esjax.config import load_config
-    from esjax.loop.generate import GenerateEngine
+    from esjax.loop.generate_rollout import GenerateEngine
     from esjax.train.parts import build_generate_agent
 
     config = load_config(None, ["agent.mode=generate", "agent.max_prompt_tokens=256"])
@@ -273,7 +273,7 @@ def _check_block_intake(engine, start: list[list[int]], new: np.ndarray, taking:
     random) first taking a prefill's token (the block's first token, a hole in the others' first step); assert
     every such row ends with what per-token intake gives, and return how many turns ended which way."""
     from esjax.agent.automaton import turn_ends
-    from esjax.loop.generate import TurnTokens
+    from esjax.loop.generate_rollout import TurnTokens
 
     turn = TurnTokens(len(start), 2 * (engine.max_new_tokens + new.shape[1] + 1), engine.automaton.hole)
     for r, tokens in enumerate(start):
@@ -362,7 +362,7 @@ def test_episodes_are_deterministic_and_members_share_the_sampling_stream(shop, 
     # another sampling seed (another version's task batch) draws other tokens
     assert first[("train", 0, 0)] == first[("train", 1, 0)]
     assert first[("train", 2, 0)][0] != first[("train", 0, 0)][0]
-    from esjax.loop.generate import turn_seed
+    from esjax.loop.generate_rollout import turn_seed
 
     assert turn_seed(99, 0, 1) != turn_seed(99, 0, 2) != turn_seed(99, 1, 1)
     # with noise, the two members differ through their parameters only
@@ -412,8 +412,8 @@ def test_invalid_actions_are_noops_and_counted(shop, hf_policy):
 
 def test_greedy_evaluation_reports_the_invalid_action_rate(shop, hf_policy):
     from esjax.config import load_config
-    from esjax.train.evaluate import evaluate_policy
     from esjax.train.parts import build_generate_agent
+    from esjax.train.standalone_eval import evaluate_policy
 
     agent = build_generate_agent(load_config(None, ["agent.mode=generate", "agent.max_prompt_tokens=256"]).agent,
                                  hf_policy)
@@ -439,7 +439,7 @@ def test_stale_members_generate_with_their_own_versions_parameters(tmp_path, mon
     from test_trainer import ThetaHistory, _digest
 
     from esjax.config import load_config
-    from esjax.loop.generate import GenerateEngine
+    from esjax.loop.generate_rollout import GenerateEngine
     from esjax.train.session import train
 
     theta = ThetaHistory()
@@ -500,7 +500,7 @@ def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch, constra
     from test_trainer_resume import _steps
 
     from esjax.config import load_config
-    from esjax.loop.generate import GenerateEngine
+    from esjax.loop.generate_rollout import GenerateEngine
     from esjax.rundir.checkpoint import read_loop_state
     from esjax.rundir.metrics import untimed
     from esjax.train.session import train

@@ -116,7 +116,7 @@ def test_coordinator_drops_a_rejected_cohort_and_keeps_counting():
     import json
 
     from esjax.loop.coordinator import Coordinator, CoordinatorConfig, RejectedUpdate, apply_cohorts
-    from esjax.loop.schedules import Async
+    from esjax.loop.staleness import Async
     from esjax.loop.types import Result
 
     applied = []

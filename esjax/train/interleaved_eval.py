@@ -16,7 +16,7 @@ from typing import Any
 from esjax.loop.rollout import Episode, RolloutEngine
 from esjax.loop.tasks import hash_ints
 from esjax.rundir.traces import write_traces
-from esjax.train.inflight import Evaluation
+from esjax.train.inflight import EvalProgress
 from esjax.train.records import RunLog
 from esjax.train.settings import LoopSettings
 
@@ -34,7 +34,7 @@ class Evaluations:
         self.log = log
         self.traces_dir = traces_dir
         self.clock = clock
-        self.running: dict[int, Evaluation] = {}
+        self.running: dict[int, EvalProgress] = {}
         self.params: dict[int, Any] = {}  # θ of each version under evaluation (kept past t − K)
         self.evaluated: set[int] = set()
         self.next_id = 0
@@ -48,7 +48,7 @@ class Evaluations:
             return
         self.evaluated.add(version)
         self.params[version] = params_at(version)
-        ev = Evaluation(self.next_id, version, self.goals, tick, self.clock(),
+        ev = EvalProgress(self.next_id, version, self.goals, tick, self.clock(),
                         invalid_actions=0 if self.settings.generate else None)
         self.running[ev.eval_id] = ev
         self.next_id += 1
@@ -96,13 +96,13 @@ class Evaluations:
             self._trace(ev, episode)
         self._maybe_finish(ev)
 
-    def _trace(self, ev: Evaluation, episode: Episode) -> None:
+    def _trace(self, ev: EvalProgress, episode: Episode) -> None:
         if self.settings.traces:
             ev.traces[episode.position] = ev.recorder.line(
                 episode.position, episode, ev.rewards[episode.position], self.settings.max_steps,
                 version=ev.version, position=episode.position)
 
-    def _maybe_finish(self, ev: Evaluation) -> None:
+    def _maybe_finish(self, ev: EvalProgress) -> None:
         if ev.complete:
             # written before the record: a record in metrics.jsonl means its traces exist
             if self.settings.traces and self.traces_dir is not None:
@@ -130,5 +130,5 @@ class Evaluations:
         self.next_id = int(loop["next_eval_id"])
         for data in loop["evals"]:
             self.params[int(data["version"])] = params_at(int(data["version"]))
-            ev = Evaluation.from_dict(data, self.goals, wall_time)
+            ev = EvalProgress.from_dict(data, self.goals, wall_time)
             self.running[ev.eval_id] = ev

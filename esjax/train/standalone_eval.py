@@ -1,7 +1,8 @@
-"""Greedy evaluation of an unperturbed policy on a fixed goal set, with continuous batching.
+"""Standalone greedy evaluation of an unperturbed policy on a fixed goal set (no training run), with continuous
+batching.
 
 Shared by ``python -m esjax.eval`` and the embedded policy's scripts; the trainer runs the same greedy
-episodes interleaved with training rollouts instead.
+episodes interleaved with training rollouts instead (:mod:`esjax.train.interleaved_eval`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from esjax.agent.react import GenerateAgent
+from esjax.agent.generate_agent import GenerateAgent
 from esjax.agent.webshop import WebShopAgent
 from esjax.es.noise import NoiseSpec
 from esjax.loop.rollout import RolloutEngine
@@ -32,7 +33,7 @@ def evaluate_policy(model_config: ModelConfig, params: Any, agent: WebShopAgent 
     pool = InProcessEnvPool(shop, max(1, min(batch, len(goals))))
     if isinstance(agent, GenerateAgent):
         from esjax.agent.lanes import Sampling
-        from esjax.loop.generate import GenerateEngine
+        from esjax.loop.generate_rollout import GenerateEngine
 
         engine = GenerateEngine(pool, agent, model_config, NoiseSpec(), lambda v: 0.0, max_steps, Sampling(),
                                 max_new_tokens, max_prompt_tokens=agent.max_prompt_tokens)

@@ -1,4 +1,5 @@
-"""Batched generation from a KV cache: greedy / temperature / top-p, stop tokens and stop strings.
+"""Static-batch generation from a KV cache (the batch runs until its last row stops; generate mode's rollouts use
+the continuous decode lanes of :mod:`esjax.agent.lanes`): greedy / temperature / top-p, stop tokens and stop strings.
 
 Prompts are left-padded into one bucketed batch and prefilled once; decoding then runs inside a jitted
 ``lax.while_loop`` (exits early when every row has stopped). Stop *token ids* are checked on device;

@@ -1,4 +1,4 @@
-"""Schedules: where to dispatch and which finished results to release — small classes, not loop edits.
+"""Staleness schedules: where to dispatch and which finished results to release — small classes, not loop edits.
 
 A schedule answers two questions for the :class:`~esjax.loop.coordinator.Coordinator`, which it sees only
 through a small read-only :class:`CoordinatorView` (t, N, K, the seed and counts of held, in-flight and

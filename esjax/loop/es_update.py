@@ -1,4 +1,5 @@
-"""Glue between the coordinator and the ES engine, and a JAX surrogate fitness for the simulator.
+"""Glue between the coordinator and the ES update (:mod:`esjax.es.step`), and a JAX surrogate fitness for the
+simulator.
 
 :class:`ESUpdate` is the update function a driver applies to each complete cohort the coordinator hands
 out (:class:`~esjax.loop.types.UpdateFn`; see :func:`esjax.loop.coordinator.apply_cohorts`): it hands the
@@ -29,7 +30,7 @@ PyTree = Any
 
 
 class ESUpdate:
-    """An :class:`~esjax.loop.types.UpdateFn` backed by the ES engine; keeps θ of versions t − keep + 1 … t.
+    """An :class:`~esjax.loop.types.UpdateFn` backed by the ES update; keeps θ of versions t − keep + 1 … t.
 
     Raises :class:`~esjax.loop.coordinator.RejectedUpdate` (state unchanged) when the step would make θ
     non-finite; the driver then calls ``Coordinator.reject``.
@@ -40,12 +41,18 @@ class ESUpdate:
       state: a restored ``ESState`` (resume).
       keep: how many recent versions of θ to keep (K + 1 covers every dispatchable version).
       update_fn: replaces :func:`esjax.es.step.update` (same signature), e.g. the mesh-sharded update of
-        ``esjax.parallel.ShardedES.update_fn``.
+        ``esjax.parallel.ShardedES.update_fn`` (which has its own :class:`~esjax.es.step.ESExecution`).
+      execution: the memory layout of :func:`esjax.es.step.update` (:class:`~esjax.es.step.ESExecution`;
+        default: its defaults); not with ``update_fn``.
     """
 
     def __init__(self, config: Any, params: PyTree = None, *, state: Any = None, keep: int = 1,
-                 update_fn: Any = None) -> None:
-        self._update = update_fn if update_fn is not None else es_step.update
+                 update_fn: Any = None, execution: Any = None) -> None:
+        if update_fn is not None and execution is not None:
+            raise ValueError("ESUpdate: an update_fn brings its own execution; pass one or the other")
+        if update_fn is None:
+            update_fn = es_step.update if execution is None else functools.partial(es_step.update, execution=execution)
+        self._update = update_fn
         self.config = config
         self.state = state if state is not None else es_step.init(config, params)
         self.keep = max(1, keep)
@@ -115,7 +122,7 @@ class QuadraticFitness:
 
     The noise has a part shared by every member of a version (common random numbers: it cancels in
     cohort shaping, as task-batch difficulty does) and a per-member part. Evaluated when a job starts,
-    on θ of the job's version, with the same counter-based noise the ES engine regenerates.
+    on θ of the job's version, with the same counter-based noise the ES update regenerates.
     """
 
     def __init__(self, spec: es_noise.NoiseSpec, sigma: float, target: PyTree, params_at: Any,
