@@ -9,9 +9,10 @@ Over seeds (a schedule against a reference, paired by seed: experiments/ and its
 ``mean_interval``, the t interval of a mean; ``paired_test``, the paired t test of Δ = 0 and the two one-sided
 tests (TOST) of equivalence within a margin m; ``holm``, Holm–Bonferroni adjustment over a family of tests;
 ``verdict``, the one label a comparison gets; ``fieller_ratio``, the ratio of two paired means with Fieller's
-interval (the share of a reference's gain a schedule keeps, with the uncertainty of both); ``tost_power``, ``seeds_needed`` and ``seeds_normal``, the exact
-and the normal-approximation seed counts of a TOST; ``pooled_sd`` and ``sd_upper``, a pooled SD and an upper
-confidence bound of an SD. Quantiles come from SciPy (a dependency of jax), imported only when one is needed.
+interval (the share of a reference's gain a schedule keeps, with the uncertainty of both); ``tost_power``,
+``seeds_needed`` and ``seeds_normal``, the exact and the normal-approximation seed counts of a TOST; ``pooled_sd``
+and ``sd_upper``, a pooled SD and an upper confidence bound of an SD. Quantiles come from SciPy (a dependency of
+jax), imported only when one is needed.
 """
 
 from __future__ import annotations
