@@ -17,21 +17,12 @@ import numpy as np
 
 from esjax.rundir.stats import mean_interval
 from experiments.lib.records import compact_run
+from experiments.lib.runs import machines_of
 
 
 def _wall_seconds(summary: str) -> float | None:
     found = re.search(r"wall-clock: ([0-9.]+) s", summary)
     return float(found.group(1)) if found else None
-
-
-def run_machines(info: dict) -> list[str]:
-    """The machines a run.json names, its start's and each resume's: ["AMD EPYC, 2 cores", ...]."""
-    out = []
-    for part in [info, *(info.get("resumes") or [])]:
-        machine = part.get("machine") or {}
-        if machine.get("cpu"):
-            out.append(f"{machine['cpu']}, {machine.get('cores', '?')} cores")
-    return out
 
 
 def seed_rows(root: Path) -> list[dict]:
@@ -46,7 +37,7 @@ def seed_rows(root: Path) -> list[dict]:
         rows.append({"seed": int(run_dir.name[4:]), "scores": [e["score"] for e in evals],
                      "success": (evals[0]["success_rate"], evals[-1]["success_rate"]),
                      "wall": _wall_seconds((run_dir / "summary.md").read_text()),
-                     "commit": (info.get("git_commit") or "?")[:7], "machines": run_machines(info)})
+                     "commit": (info.get("git_commit") or "?")[:7], "machines": machines_of(info)})
         compact_run(run_dir)
     return rows
 

@@ -36,7 +36,7 @@ from experiments.lib import REPO, RESULTS
 from experiments.lib.figures import write_study_figure
 from experiments.lib.grid import PAPER_WORKERS, PRESETS, paper_cells
 from experiments.lib.published import PUBLISHED_POPULATION, published_table
-from experiments.lib.runs import ENDPOINTS, GridScan, compare_with_sync, scan_grid
+from experiments.lib.runs import ENDPOINTS, GridScan, compare_with_sync, machines_of, scan_grid
 from experiments.lib.study import (
     ALPHA,
     DATA,
@@ -244,17 +244,13 @@ def _measured_cells(grid: dict[str, list[dict]], seeds: list[int]) -> set[str]:
 def run_machines(runs: list[dict]) -> str:
     """The machines the runs ran on, from each run.json (its start and every resume), e.g. "AMD EPYC, 2 cores";
     "not recorded" when no run.json names one."""
-    seen: set[tuple[str, str]] = set()
+    seen: set[str] = set()
     for run in runs:
         try:
-            info = json.loads((run["dir"] / "run.json").read_text())
+            seen.update(machines_of(json.loads((run["dir"] / "run.json").read_text())))
         except (OSError, ValueError):
             continue
-        for part in [info, *(info.get("resumes") or [])]:
-            machine = part.get("machine") or {}
-            if machine.get("cpu"):
-                seen.add((str(machine["cpu"]), str(machine.get("cores") or "?")))
-    return "; ".join(f"{cpu}, {cores} cores" for cpu, cores in sorted(seen)) or "not recorded"
+    return "; ".join(sorted(seen)) or "not recorded"
 
 
 def render(records: Path = RECORDS, power: Power | None = None) -> str:

@@ -102,6 +102,17 @@ def read_run(run_dir: Path) -> dict | None:
     }
 
 
+def machines_of(info: dict) -> list[str]:
+    """The machines a run.json names, its start's and then each resume's, as "AMD EPYC, 2 cores" (a part that names
+    no CPU is skipped): where README and the results get a machine's name."""
+    out = []
+    for part in [info, *(info.get("resumes") or [])]:
+        machine = part.get("machine") or {}
+        if machine.get("cpu"):
+            out.append(f"{machine['cpu']}, {machine.get('cores', '?')} cores")
+    return out
+
+
 def _seed_of(seed_dir: Path) -> int | None:
     try:
         return int(seed_dir.name.removeprefix("seed"))

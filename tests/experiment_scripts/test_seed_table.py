@@ -9,10 +9,11 @@ import yaml
 
 from experiments import seed_table
 from experiments.lib import REPO, RESULTS
+from experiments.lib.runs import machines_of
 
 
 def _main_job_machine_line() -> str:
-    rows = [{"machines": seed_table.run_machines(json.loads((d / "run.json").read_text()))}
+    rows = [{"machines": machines_of(json.loads((d / "run.json").read_text()))}
             for d in sorted((RESULTS / "main-job").glob("seed*"))]
     return seed_table.machine_line(rows)
 
