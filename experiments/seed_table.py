@@ -1,5 +1,7 @@
 """Per-seed table of a config's runs on the test split: before / mid / after, Δ, success, wall time, and the mean Δ
-with its paired 95% t interval (what README's main-job table and issue 31's Done-means report).
+with its paired 95% t interval (what README's main-job table and issue 31's Done-means report), and the machine the
+runs ran on, from each run's run.json (its start and every resume): a machine named in README or the results is
+the one the records name.
 
     python -m experiments.seed_table experiments/results/full-weights      # reads <dir>/seed<s>/, compacts them
 """
@@ -15,6 +17,7 @@ import numpy as np
 
 from esjax.rundir.stats import mean_interval
 from experiments.lib.records import compact_run
+from experiments.lib.runs import machines_of
 
 
 def _wall_seconds(summary: str) -> float | None:
@@ -34,7 +37,7 @@ def seed_rows(root: Path) -> list[dict]:
         rows.append({"seed": int(run_dir.name[4:]), "scores": [e["score"] for e in evals],
                      "success": (evals[0]["success_rate"], evals[-1]["success_rate"]),
                      "wall": _wall_seconds((run_dir / "summary.md").read_text()),
-                     "commit": (info.get("git_commit") or "?")[:7]})
+                     "commit": (info.get("git_commit") or "?")[:7], "machines": machines_of(info)})
         compact_run(run_dir)
     return rows
 
@@ -55,7 +58,19 @@ def table(rows: list[dict]) -> str:
         lines += ["", f"{len(rows)} seeds ({seeds}): mean Δ **{mean:+.1f}**, paired 95% t interval "
                       f"**[{low:+.1f}, {high:+.1f}]** (SD {np.std(deltas, ddof=1):.1f}); mean score {before:.1f} → "
                       f"{after:.1f}."]
+    lines += ["", machine_line(rows)]
     return "\n".join(lines) + "\n"
+
+
+def machine_line(rows: list[dict]) -> str:
+    """Which machine ran how many of the runs, from their run.json."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        for machine in dict.fromkeys(r.get("machines") or ["not recorded"]):
+            counts[machine] = counts.get(machine, 0) + 1
+    parts = [f"{m} ({n} of {len(rows)} runs)" if len(counts) > 1 or n != len(rows) else f"{m} (all {n} runs)"
+             for m, n in counts.items()]
+    return f"Machine (each run's run.json, resumes included): {'; '.join(parts)}."
 
 
 def main(argv: list[str] | None = None) -> int:

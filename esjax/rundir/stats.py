@@ -8,9 +8,11 @@ Over the goals of one evaluation (written into every ``eval`` record): ``score_i
 Over seeds (a schedule against a reference, paired by seed: experiments/ and its study report use these):
 ``mean_interval``, the t interval of a mean; ``paired_test``, the paired t test of Δ = 0 and the two one-sided
 tests (TOST) of equivalence within a margin m; ``holm``, Holm–Bonferroni adjustment over a family of tests;
-``verdict``, the one label a comparison gets; ``tost_power``, ``seeds_needed`` and ``seeds_normal``, the exact
-and the normal-approximation seed counts of a TOST; ``pooled_sd`` and ``sd_upper``, a pooled SD and an upper
-confidence bound of an SD. Quantiles come from SciPy (a dependency of jax), imported only when one is needed.
+``verdict``, the one label a comparison gets; ``fieller_ratio``, the ratio of two paired means with Fieller's
+interval (the share of a reference's gain a schedule keeps, with the uncertainty of both); ``tost_power``,
+``seeds_needed`` and ``seeds_normal``, the exact and the normal-approximation seed counts of a TOST; ``pooled_sd``
+and ``sd_upper``, a pooled SD and an upper confidence bound of an SD. Quantiles come from SciPy (a dependency of
+jax), imported only when one is needed.
 """
 
 from __future__ import annotations
@@ -155,6 +157,40 @@ def verdict(mean: float, p_diff_holm: float, p_tost_holm: float, alpha: float = 
     if math.isfinite(p_diff_holm) and p_diff_holm < alpha and mean > 0:
         return "better"
     return "inconclusive"
+
+
+def fieller_ratio(num: Sequence[float], den: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(ratio, low, high): ρ = mean(num) / mean(den) over paired samples (numᵢ, denᵢ), with Fieller's two-sided
+    ``level`` interval, which carries the uncertainty of both means and their covariance (a t interval of
+    mean(num) divided by a fixed mean(den) carries only the numerator's).
+
+    The interval is the set of ρ whose paired differences numᵢ − ρ·denᵢ have a mean the t test (n − 1 df) does
+    not reject as 0: (ā − ρb̄)² ≤ t²·(s_aa − 2ρ s_ab + ρ² s_bb) / n, i.e. A ρ² − 2B ρ + C ≤ 0 with
+    A = b̄² − t² s_bb / n, B = ā b̄ − t² s_ab / n, C = ā² − t² s_aa / n. When A > 0 (mean(den) is distinguishable
+    from 0 at this level) that is the bounded interval (B ∓ √(B² − AC)) / A; otherwise the set is unbounded and
+    both bounds are returned as NaN. With a constant ``den`` it is the t interval of mean(num) divided by it.
+    NaN bounds with fewer than two pairs, all NaN with none or a zero mean(den)."""
+    from scipy import stats
+
+    a = np.asarray(num, np.float64)
+    b = np.asarray(den, np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"fieller_ratio: {len(a)} numerators for {len(b)} denominators")
+    n = len(a)
+    if n == 0 or float(b.mean()) == 0.0:
+        return math.nan, math.nan, math.nan
+    a_bar, b_bar = float(a.mean()), float(b.mean())
+    ratio = a_bar / b_bar
+    if n < 2:
+        return ratio, math.nan, math.nan
+    cov = np.cov(np.stack([a, b]), ddof=1)
+    s_aa, s_ab, s_bb = float(cov[0, 0]), float(cov[0, 1]), float(cov[1, 1])
+    t2 = float(stats.t.ppf(0.5 + level / 2, n - 1)) ** 2 / n
+    qa, qb, qc = b_bar * b_bar - t2 * s_bb, a_bar * b_bar - t2 * s_ab, a_bar * a_bar - t2 * s_aa
+    if qa <= 0.0:
+        return ratio, math.nan, math.nan
+    root = math.sqrt(max(0.0, qb * qb - qa * qc))  # ≥ 0 when A > 0 (the quadratic is ≤ 0 at ρ = ā / b̄): rounding
+    return ratio, (qb - root) / qa, (qb + root) / qa
 
 
 # ---------------------------------------------------------------------------------------------------------

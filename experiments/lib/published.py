@@ -9,6 +9,7 @@ PUBLISHED = {"base": 9.3, "sync": 25.4, "async": 25.9, "delay4": 23.8, "delay8":
 PUBLISHED_LABEL = ("arXiv 2610.04196, held-out success on its public benchmark, Qwen2.5-7B-Instruct "
                    "full-parameter ES — not comparable to ours")
 PUBLISHED_STALE_SHARE = 0.095  # natural async, G = 4 workers for N = 30
+PUBLISHED_POPULATION = 30  # N of every published run (3 of 30 delayed in delay-4 / delay-8)
 
 
 def published_table() -> list[str]:

@@ -4,9 +4,9 @@
 Per run: final score (100 × mean reward of the greedy unperturbed θ on the held-out goals at the last version),
 success rate (share of goals with reward 1), AUC = area under the held-out eval curve (trapezoid over versions,
 divided by the number of updates: the mean score along the run, in points of score), and the stale share
-(accepted fitnesses with lag > 0 over all accepted, from the update records' lag histograms). Runs that failed
-(``failed.json``), are unfinished (no ``summary.md``), or whose records are inconsistent (``run_problems``) are
-left out of a grid's runs and listed in its ``GridScan``.
+(accepted fitnesses with lag > 0 over all accepted, from the update records' lag histograms; ``cohort_stale``
+keeps each update's count of such members). Runs that failed (``failed.json``), are unfinished (no ``summary.md``),
+or whose records are inconsistent (``run_problems``) are left out of a grid's runs and listed in its ``GridScan``.
 """
 
 from __future__ import annotations
@@ -72,8 +72,11 @@ def read_run(run_dir: Path) -> dict | None:
         return None
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     lags: dict[int, int] = defaultdict(int)
+    cohort_stale = []  # per update (version order): members of its cohort with lag > 0
     for r in updates:
-        for lag, count in cohort_lags(r).items():
+        cohort = cohort_lags(r)
+        cohort_stale.append(sum(count for lag, count in cohort.items() if lag > 0))
+        for lag, count in cohort.items():
             lags[lag] += count
     accepted = sum(lags.values()) or 1
     durations = [d for r in updates for d in (r.get("durations") or [])]
@@ -90,12 +93,24 @@ def read_run(run_dir: Path) -> dict | None:
         "update_seconds": [r.get("seconds", math.nan) for r in updates],
         "stale_fraction": sum(c for lag, c in lags.items() if lag > 0) / accepted,
         "mean_lag": sum(lag * c for lag, c in lags.items()) / accepted, "lag_hist": dict(sorted(lags.items())),
+        "cohort_stale": cohort_stale,
         "discarded": last.get("discarded"), "accepted": last.get("accepted"),
         "ticks": last.get("tick"), "wall": last["wall_time"],
         "utilization": float(np.mean([r.get("slot_utilization", math.nan) for r in updates])),
         "durations": durations,
         "problems": run_problems(config, [r["version"] for r in updates], [r["version"] for r in evals]),
     }
+
+
+def machines_of(info: dict) -> list[str]:
+    """The machines a run.json names, its start's and then each resume's, as "AMD EPYC, 2 cores" (a part that names
+    no CPU is skipped): where README and the results get a machine's name."""
+    out = []
+    for part in [info, *(info.get("resumes") or [])]:
+        machine = part.get("machine") or {}
+        if machine.get("cpu"):
+            out.append(f"{machine['cpu']}, {machine.get('cores', '?')} cores")
+    return out
 
 
 def _seed_of(seed_dir: Path) -> int | None:

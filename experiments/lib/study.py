@@ -31,6 +31,9 @@ FAMILIES = {"primary": ("async-G4", "delay8", "all-stale-k1"), "secondary": ("de
 ALPHA = 0.05
 #: The one commit every run of the study is made at (a later session runs from a worktree checked out there).
 STUDY_COMMIT = "62ddc0a"
+#: The population protocol.md's setting names (N = 16, the main job's when it was written); the study runs the
+#: frozen job's (deviation 1 of the report says what that changes).
+PROTOCOL_POPULATION = 16
 
 #: The power rule's inputs: the frozen main job's runs and seeds, and the protocol's constants.
 MAIN_JOB = RESULTS / "main-job"

@@ -2,14 +2,16 @@
 records, and blind to effects until a family is complete (the protocol allows no interim look)."""
 
 import json
+import re
 from pathlib import Path
 
 import yaml
 
+from esjax.rundir.stats import fieller_ratio, mean_interval
 from experiments import study_report
 from experiments.lib.figures import write_study_figure
 from experiments.lib.runs import scan_grid
-from experiments.lib.study import FAMILIES, Power
+from experiments.lib.study import FAMILIES, Power, expected_seeds, protocol_power
 
 SEEDS = list(range(100, 108))
 POWER = Power(gain=10.0, final_sd=2.0, final_sd_upper=2.7, sigma_d=3.8, margin=3.0, n=8, feasible=True)
@@ -19,25 +21,33 @@ def test_committed_report_is_what_the_committed_records_give():
     assert study_report.OUT.read_text() == study_report.render()
 
 
-def _write_run(run_dir: Path, seed: int, final: float, stale: int = 0) -> None:
-    """A finished 4-update run as the trainer writes it (evaluations at 0, 2, 4; initial score 60)."""
+def _write_run(run_dir: Path, seed: int, final: float, stale: int | list[int] = 0) -> None:
+    """A finished 4-update run as the trainer writes it (evaluations at 0, 2, 4; initial score 60); ``stale``: the
+    late members of every cohort, or of each of the four."""
     run_dir.mkdir(parents=True)
-    config = {"run": {"seed": seed, "updates": 4, "eval_every": 2}, "es": {"population": 32}}
+    config = {"run": {"seed": seed, "updates": 4, "eval_every": 2}, "es": {"population": 32},
+              "schedule": {"slots": 32}}
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
     records = [{"kind": "eval", "version": v, "score": s, "success_rate": 0.1, "wall_time": float(v), "goals": 500}
                for v, s in ((0, 60.0), (2, (60.0 + final) / 2), (4, final))]
-    records += [{"kind": "update", "version": v, "lag_hist": {"0": 32 - stale, "1": stale}, "tick": v,
+    late = stale if isinstance(stale, list) else [stale] * 4
+    records += [{"kind": "update", "version": v, "lag_hist": {"0": 32 - late[v - 1], "1": late[v - 1]}, "tick": v,
                  "wall_time": float(v), "seconds": 1.0, "discarded": 0, "accepted": 32 * v} for v in range(1, 5)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (run_dir / "summary.md").write_text("# run\n")
 
 
 def _study(root: Path, cells: dict[str, list[float]]) -> Path:
+    late = {"async-G4": 3, "delay8": [0, 0, 3, 3]}  # delay8: 3 of 32 late from update 3 on
     for cell, deltas in cells.items():
         for seed, delta in zip(SEEDS, deltas):
             _write_run(root / "webshop_small" / cell / f"seed{seed}", seed, 70.0 + (seed - 100) * 0.5 + delta,
-                       stale=3 if cell == "async-G4" else 0)
+                       stale=late.get(cell, 0))
     return root
+
+
+def _deviation(text: str, number: int) -> str:
+    return next(line for line in text.splitlines() if line.startswith(f"{number}. "))
 
 
 def test_an_incomplete_family_shows_progress_and_no_effect(tmp_path):
@@ -77,3 +87,75 @@ def test_an_infeasible_n_reports_that_the_study_is_not_run(tmp_path):
     power = Power(gain=6.4, final_sd=3.8, final_sd_upper=5.1, sigma_d=7.2, margin=2.2, n=128, feasible=False)
     text = study_report.render(tmp_path, power)
     assert "**not run**" in text and "## Progress" not in text
+
+
+def test_deviation_1_states_what_the_committed_records_give():
+    """Issue 57: delay8 keeps 3 of 32 members late (round(0.1 × 32)), none in updates 1–8, measured share 0.069;
+    async-G4 has 4 slots for 32 members, not 4 for 16 — all computed from the records, not written by hand."""
+    first = _deviation(study_report.OUT.read_text(), 1)
+    assert "N = 32 (es.population in every run's config.yaml)" in first
+    assert "4 of 32" not in first and "12.5% share as 2 of 16" not in first
+    assert "slots to population 1 : 8, not the protocol's 1 : 4" in first
+    assert "measured stale share of 0.083" in first
+    delay8 = first.split("delay8 keeps")[1]
+    assert delay8.startswith(" round(0.1 × N) members exactly 8 updates late: 3 of 32 (9.4%; the paper: 3 of 30), "
+                             "not the protocol's 2 of 16 (12.5%)")
+    assert "3 late members in every cohort from update 9 on and none in updates 1–8" in delay8
+    assert "measured share over the 30 updates is 0.069" in delay8
+    delay4 = first.split("delay4 keeps")[1].split("delay8 keeps")[0]
+    assert delay4.startswith(" round(0.1 × N) members exactly 4 updates late: 3 of 32")
+    scan = scan_grid(study_report.RECORDS, study_report.DATA)
+    if "delay4" in study_report._measured_cells(scan.grid, expected_seeds(protocol_power().n)):  # its family is in
+        assert "3 late members in every cohort from update 5 on and none in updates 1–4" in delay4
+    else:  # no complete run set of its family: the count follows from the definition, nothing is measured
+        assert delay4.endswith("; its measured share is given once its family is complete. ")
+
+
+def test_deviation_1_is_computed_from_the_records_and_blind_to_incomplete_families(tmp_path):
+    complete = _study(tmp_path / "a", {"sync": [0.0] * 8, "async-G4": [0.1] * 8, "delay8": [0.2] * 8,
+                                       "all-stale-k1": [0.3] * 8})
+    first = _deviation(study_report.render(complete, POWER), 1)
+    assert "the records show 3 late per cohort, a measured stale share of 0.094 (mean over the 8 seeds)" in first
+    delay8 = first.split("delay8 keeps")[1]
+    assert "3 late members in every cohort from update 3 on and none in updates 1–2, so its measured share over " \
+           "the 4 updates is 0.047 (mean over the 8 seeds)" in delay8
+    assert "warm-up" not in delay8 and "cohorts are fresh" not in delay8  # first late update ≠ k + 1 here
+    incomplete = _study(tmp_path / "b", {"sync": [0.0] * 8, "async-G4": [0.1] * 8, "delay8": [0.2] * 7,
+                                         "all-stale-k1": [0.3] * 8})
+    first = _deviation(study_report.render(incomplete, POWER), 1)
+    assert "measured" in first and "0.094" not in first and "0.047" not in first and "records show" not in first
+
+
+def test_the_kept_share_carries_the_uncertainty_of_syncs_gain(tmp_path):
+    """Issue 57: the interval of 1 + Δ/G is Fieller's on the paired (Gᵢ + Δᵢ, Gᵢ), not Δ's interval over a fixed
+    mean G. The fake sync gains vary by seed (10 + 0.5·i) and the cell keeps about half of them, so the two
+    intervals differ (Fieller's: 52%–62%; with G fixed: 53%–62%)."""
+    deltas = [-5.0, -4.5, -5.5, -4.0, -6.0, -5.0, -4.8, -5.2]
+    root = _study(tmp_path, {"sync": [0.0] * 8, "async-G4": deltas, "delay8": [0.0] * 8,
+                             "all-stale-k1": [0.0] * 8})
+    text = study_report.render(root, POWER)
+    row = next(line for line in text.splitlines() if line.startswith("| async-G4 | final score |"))
+    gains = [10.0 + 0.5 * i for i in range(8)]
+    share, low, high = fieller_ratio([g + d for g, d in zip(gains, deltas)], gains)
+    assert f"| {share:.0%} [{low:.0%}, {high:.0%}] |" in row
+    _, d_low, d_high = mean_interval(deltas)
+    fixed = (1 + d_low / (sum(gains) / 8), 1 + d_high / (sum(gains) / 8))
+    assert f"{low:.0%}" == "52%" and f"{fixed[0]:.0%}" == "53%" and abs(high - fixed[1]) > 0.005
+    assert "95% Fieller CI" in text and re.search(r"carries the uncertainty\s+of sync's gain", text)
+
+
+def test_the_report_names_the_machine_from_each_run_json(tmp_path):
+    root = _study(tmp_path, {"sync": [0.0] * 8})
+    assert "machine: not recorded" in study_report.render(root, POWER)
+    info = {"machine": {"cpu": "AMD EPYC", "cores": 2},
+            "resumes": [{"machine": {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2}}]}
+    (root / "webshop_small" / "sync" / "seed100" / "run.json").write_text(json.dumps(info))
+    assert "machine: AMD EPYC, 2 cores; Intel(R) Xeon(R) Processor, 2 cores (each run's `run.json`, resumes " \
+           "included)" in study_report.render(root, POWER)
+
+
+def test_the_protocols_report_script_is_an_erratum():
+    text = study_report.OUT.read_text()
+    deviations = text.split("## Deviations from the protocol")[1].split("## Margin")[0]
+    assert "Found later (issue 57): the protocol names `experiments/report.py`" in deviations
+    assert "`experiments/study_report.py` (2e794ae" in deviations

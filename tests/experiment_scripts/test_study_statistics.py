@@ -14,7 +14,16 @@ import pytest
 import yaml
 
 from esjax.loop.staleness import stale_count
-from esjax.rundir.stats import holm, paired_test, seeds_needed, seeds_normal, tost_power, verdict
+from esjax.rundir.stats import (
+    fieller_ratio,
+    holm,
+    mean_interval,
+    paired_test,
+    seeds_needed,
+    seeds_normal,
+    tost_power,
+    verdict,
+)
 from experiments import report, staleness_grid
 from experiments.lib.grid import DATASETS, PRESETS, all_cells, paper_cells, select_cells
 from experiments.lib.published import PUBLISHED_LABEL
@@ -52,6 +61,40 @@ def test_paired_test_values_by_hand():
     assert t["p_diff"] == pytest.approx(stats.ttest_1samp(x, 0.0).pvalue)
     assert t["p_lower"] == pytest.approx(stats.ttest_1samp(x, -3.0, alternative="greater").pvalue)
     assert t["p_upper"] == pytest.approx(stats.ttest_1samp(x, 3.0, alternative="less").pvalue)
+
+
+def test_fieller_ratio_by_hand():
+    """ρ = mean(num) / mean(den) with Fieller's 95% interval, on num = (1, 2, 3), den = (2, 3, 4): ā = 2, b̄ = 3,
+    s_aa = s_ab = s_bb = 1, n = 3, t(0.975, 2) = 4.302653, t²/n = 6.170940; A = 9 − 6.170940 = 2.829060,
+    B = 6 − 6.170940 = −0.170940, C = 4 − 6.170940 = −2.170940, √(B² − AC) = √6.170892 = 2.484129, so
+    ρ ∈ [(B − 2.484129) / A, (B + 2.484129) / A] = [−0.938502, 0.817656] around 2/3."""
+    ratio, low, high = fieller_ratio([1.0, 2.0, 3.0], [2.0, 3.0, 4.0])
+    assert ratio == pytest.approx(2 / 3)
+    assert low == pytest.approx(-0.938502, abs=1e-6) and high == pytest.approx(0.817656, abs=1e-6)
+    # The interval inverts the t test: at each bound, the t interval of numᵢ − ρ·denᵢ just touches 0 (from above
+    # at the low bound, where the differences' mean is positive; from below at the high one).
+    num, den = [10.1, 8.7, 9.9, 11.2, 7.8, 9.4], [9.0, 9.5, 8.1, 10.4, 8.8, 9.9]
+    ratio, low, high = fieller_ratio(num, den)
+    assert low < ratio < high
+    assert mean_interval([a - low * b for a, b in zip(num, den)])[1] == pytest.approx(0.0, abs=1e-9)
+    assert mean_interval([a - high * b for a, b in zip(num, den)])[2] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_fieller_ratio_with_a_constant_denominator_is_the_t_interval_scaled():
+    """With no spread in den, Fieller's interval is the t interval of mean(num) divided by den: what the study
+    report gave before it carried sync's gain's uncertainty."""
+    _, low, high = fieller_ratio([1.0, 3.0, 1.0, 3.0], [2.0] * 4)
+    _, t_low, t_high = mean_interval([1.0, 3.0, 1.0, 3.0])
+    assert (low, high) == pytest.approx((t_low / 2, t_high / 2))
+
+
+def test_fieller_ratio_is_unbounded_when_the_denominator_could_be_zero():
+    ratio, low, high = fieller_ratio([1.0, 2.0, 1.5], [1.0, -1.0, 0.5])
+    assert ratio == pytest.approx(4.5 / 0.5) and math.isnan(low) and math.isnan(high)
+    assert all(math.isnan(v) for v in fieller_ratio([], []))
+    assert math.isnan(fieller_ratio([1.0], [2.0])[1])
+    with pytest.raises(ValueError):
+        fieller_ratio([1.0, 2.0], [1.0])
 
 
 def test_paired_delta_pairs_by_seed_not_by_position():
