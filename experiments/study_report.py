@@ -30,7 +30,7 @@ import json
 import math
 from pathlib import Path
 
-from esjax.loop.schedules import stale_count
+from esjax.loop.staleness import stale_count
 from esjax.rundir.stats import fieller_ratio, mean_interval
 from experiments.lib import REPO, RESULTS
 from experiments.lib.figures import write_study_figure
