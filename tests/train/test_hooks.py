@@ -14,7 +14,8 @@ from esjax.rundir.metrics import untimed
 from esjax.train.hooks import Hooks, Tick
 from esjax.train.session import train
 
-SETTINGS = tiny_random(updates=3, eval_every=2, checkpoint_every=2, population=4, eval_goals=2, max_steps=4)
+#: the shapes of test_reliability_numeric's and test_reliability_env's runs (programs compiled once, shared)
+SETTINGS = tiny_random(updates=3, eval_every=2, checkpoint_every=2, population=8, eval_goals=2, max_steps=6)
 
 
 def test_hooks_fire_at_their_points_and_change_nothing(tmp_path):
@@ -43,7 +44,7 @@ def test_hooks_fire_at_their_points_and_change_nothing(tmp_path):
     assert seen["every2"] == [2]
     kinds = Counter(kind for kind, _ in seen["episode"])
     evals = [r for r in watched.records if r["kind"] == "eval"]
-    assert kinds["eval"] == 2 * len(evals) and kinds["train"] >= 4 * 3  # 2 goals per evaluation; N per update
+    assert kinds["eval"] == 2 * len(evals) and kinds["train"] >= 8 * 3  # 2 goals per evaluation; N per update
     assert all(done for _, done in seen["episode"])
 
 
