@@ -67,18 +67,18 @@ class BabyAIEnvPool:
             start = time.monotonic()
             try:
                 obs, reward, done, info = self.envs[i].step(a)
-                if timeout is not None and time.monotonic() - start > timeout:
-                    raise TimeoutError
-            except TimeoutError:
-                obs, reward, done, info = "", 0.0, True, {"failure": f"timeout: env step took longer than {timeout:g} s"}
-                self.envs[i].done = True
             except Exception as err:  # noqa: BLE001 - a failing session ends only its own episode
                 text = str(err).splitlines()[0][:200] if str(err) else ""
-                obs, reward, done, info = "", 0.0, True, {
-                    "failure": f"error: {err.__class__.__name__}: {text}".rstrip(": ")}
-                self.envs[i].done = True
+                obs, reward, done, info = self._fail(i, f"error: {err.__class__.__name__}: {text}".rstrip(": "))
+            else:
+                if timeout is not None and time.monotonic() - start > timeout:
+                    obs, reward, done, info = self._fail(i, f"timeout: env step took longer than {timeout:g} s")
             self._obs[i], rewards[i], self._done[i], infos[i] = obs, reward, done, info
         return list(self._obs), rewards, self._done.copy(), infos
+
+    def _fail(self, i: int, reason: str) -> tuple[str, float, bool, dict[str, Any]]:
+        self.envs[i].done = True  # its steps are no-ops until it is reset
+        return "", 0.0, True, {"failure": reason}
 
     def available_actions(self, rows: Sequence[int] | None = None) -> list[dict[str, Any]]:
         return [self.envs[i].available_actions() for i in self._rows(rows)]

@@ -5,8 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from envs.babyai_bridge import (ACTION_TEXTS, DEFAULT_MIX, SPLITS, BabyAIEnvPool, BabyAITextEnv, LevelMix, describe,
-                                parse_action, seed_of)
+from envs.babyai_bridge import (
+    ACTION_TEXTS,
+    DEFAULT_MIX,
+    SPLITS,
+    BabyAIEnvPool,
+    BabyAITextEnv,
+    LevelMix,
+    describe,
+    parse_action,
+    seed_of,
+)
 
 
 def test_grammar_reads_the_phrases_and_aliases_and_nothing_else():

@@ -100,3 +100,21 @@ def test_the_bots_actions_replayed_through_the_bridge_succeed(split):
             assert done == (k == len(ep.actions) - 1)
         assert step_info["success"] and r == ep.reward
         assert r == pytest.approx(1 - 0.9 * len(ep.actions) / info["max_steps"])  # BabyAI's reward
+
+
+def test_sequences_run_to_the_step_limit_match_minigrid():
+    """Truncation too: 20 random sequences on GoToLocal (64 steps) played until minigrid ends them."""
+    rng = np.random.default_rng(5500)
+    bridge, ref = BabyAITextEnv("test", LevelMix.equal("GoToLocal")), reference("GoToLocal")
+    truncated = 0
+    for goal in range(20):
+        bridge.reset(goal)
+        ref_reset(ref, seed_of("test", goal))
+        done = False
+        while not done:
+            a = int(rng.choice(7, p=[.25, .25, .1, .1, .1, .1, .1]))
+            _, r_ref, term, trunc, _ = ref.step(a)
+            _, r, done, info = bridge.step(action_text(a, rng))
+            assert bridge.state() == ref_state(ref) and r == float(r_ref) and done == (term or trunc)
+        truncated += info["truncated"]
+    assert truncated >= 5
