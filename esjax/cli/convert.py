@@ -84,25 +84,32 @@ def _clean_config(config: Any) -> dict[str, Any]:
     return raw
 
 
-def convert(gguf: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Convert ``gguf`` into the HF folder ``out``; returns ``out``."""
+def load_gguf(gguf: str | os.PathLike) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` read from ``gguf`` by transformers (weights dequantized to float32)."""
     require_modules()
     import torch
-    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = Path(gguf)
     if not gguf.is_file():
         raise UserError(f"{gguf}: file not found")
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    return model.eval(), tokenizer
+
+
+def write_folder(model: Any, tokenizer: Any, out: str | os.PathLike) -> Path:
+    """Write ``model`` (float32) and ``tokenizer`` as an HF folder ``out``; returns ``out``."""
+    import torch
+    from safetensors.torch import save_file
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     # model.save_pretrained refuses ("quantized with gguf and is not serializable"): the loaded model keeps its
     # GGUF quantizer although its weights are dequantized. Write the weights and config ourselves instead.
     state = model.state_dict()
-    tied = bool(model.config.tie_word_embeddings)
-    if tied:  # one tensor under two names; safetensors refuses shared storage, and HF omits the tied head
-        state.pop("lm_head.weight", None)
+    if model.config.tie_word_embeddings:  # one tensor under two names: safetensors refuses shared storage, and
+        state.pop("lm_head.weight", None)  # an HF checkpoint with tied embeddings omits the head
     tensors = {k: v.detach().to(torch.float32).contiguous() for k, v in state.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     umask = os.umask(0)  # safetensors writes mode 600: give the weights the mode of the folder's other files
@@ -113,7 +120,6 @@ def convert(gguf: str | os.PathLike, out: str | os.PathLike) -> Path:
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(str(out))
 
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tokenizer.save_pretrained(str(out))
     # keep the chat template in tokenizer_config.json (one place, read by esjax and every transformers version)
     tc_path = out / "tokenizer_config.json"
@@ -121,7 +127,7 @@ def convert(gguf: str | os.PathLike, out: str | os.PathLike) -> Path:
     jinja = out / "chat_template.jinja"
     template = tokenizer.chat_template or (jinja.read_text(encoding="utf-8") if jinja.is_file() else None)
     if template is None:
-        raise UserError(f"{gguf}: no chat template in the GGUF metadata")
+        raise UserError("no chat template in the GGUF metadata")
     tc["chat_template"] = template
     # the class every transformers version (4.x and 5.x) loads a tokenizer.json with; 5.x writes its own new name
     tc["tokenizer_class"] = "PreTrainedTokenizerFast"
@@ -132,6 +138,12 @@ def convert(gguf: str | os.PathLike, out: str | os.PathLike) -> Path:
     if jinja.is_file():
         jinja.unlink()
     return out
+
+
+def convert(gguf: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Convert ``gguf`` into the HF folder ``out``; returns ``out``."""
+    model, tokenizer = load_gguf(gguf)
+    return write_folder(model, tokenizer, out)
 
 
 def main(argv: list[str] | None = None) -> int:
