@@ -123,15 +123,27 @@ def render(result: dict[str, Any], model_dir: str) -> str:
         "esjax's chat renderer and checked equal to transformers' `apply_chat_template`, token ids included.",
         "",
         "| prompt | tokens | f32 max abs logit diff | max abs logit | bf16 max abs diff (vs f32 reference) "
-        "| bf16 argmax agreement | greedy 32 tokens equal |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| bf16 argmax agreement | greedy 32 tokens equal | text and ids equal to transformers' |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in result["rows"]:
         gen = "yes" if r["gen_equal"] else f"no (first difference at token {r['gen_first_diff']})"
         lines.append(f"| {r['name']} | {r['tokens']} | {r['f32_max_abs']:.2e} | {r['ref_max_abs']:.1f} | "
-                     f"{r['bf16_max_abs']:.3f} | {r['bf16_argmax_agree']:.3f} | {gen} |")
+                     f"{r['bf16_max_abs']:.3f} | {r['bf16_argmax_agree']:.3f} | {gen} | "
+                     f"{'yes' if r['template_equal'] and r['ids_equal'] else 'no'} |")
+    rows = result["rows"]
+    lines += ["", f"float32: max abs logit diff {max(r['f32_max_abs'] for r in rows):.2e} over all prompts "
+              f"(tests/model/test_smollm2.py asserts <= 5e-4); greedy generation equal on "
+              f"{sum(r['gen_equal'] for r in rows)} of {len(rows)} prompts (asserted on all).",
+              f"bfloat16 (esjax's weights and compute in bf16, against transformers in float32): max abs logit diff "
+              f"{max(r['bf16_max_abs'] for r in rows):.2f}, top-1 agreement >= "
+              f"{min(r['bf16_argmax_agree'] for r in rows):.3f} per prompt; the stated (asserted) tolerance is "
+              "max abs diff <= 2.5 and top-1 agreement >= 0.85."]
     lines += ["", "Greedy continuations (esjax, 32 tokens):", ""]
     lines += [f"- {r['name']}: `{r['gen_text']!r}`" for r in result["rows"]]
+    lines += ["", "Generation runs all 32 tokens with no stop token; the text is decoded without special tokens, so "
+              "where the model ended its turn (`<|im_end|>`) and went on, only the role names `system` / `user` "
+              "of the turns it invented show."]
     return "\n".join(lines) + "\n"
 
 
