@@ -120,7 +120,8 @@ LAYERS = [
     ("esjax.train",),
     ("esjax.cli",),
 ]
-ENTRY_POINTS = {"esjax.run", "esjax.eval", "esjax.export", "esjax.plan.__main__", "esjax.parallel.smoke"}
+ENTRY_POINTS = {"esjax.run", "esjax.eval", "esjax.export", "esjax.convert", "esjax.plan.__main__",
+                "esjax.parallel.smoke"}
 
 
 def layer_of(module: str) -> int:
