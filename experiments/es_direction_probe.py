@@ -1,9 +1,10 @@
 """Does one ES gradient estimate point uphill on held-out goals? A line search with a shuffled-weight control.
 
 An ES trial mixes three things: whether the estimated direction is better than a random one, how far to step, and
-the noise of the evaluation. This script separates them for a generative policy. Per estimate it runs one cohort
-(``--members`` antithetic rank-1 members, every member on the same ``--goals`` WebShop train goals), forms the ES
-direction ``g = Σ w_i ε_i / (N σ)`` from the centered ranks ``w``, and the same sum with the weights shuffled among
+the noise of the evaluation. This script separates them for a generative policy (or, with ``--config``, a
+candidate-scoring one). Per estimate it runs one cohort (``--members`` antithetic rank-1 members, every member
+on the same ``--goals`` WebShop train goals), forms the ES direction
+``g = Σ w_i ε_i / (N σ)`` from the centered ranks ``w``, and the same sum with the weights shuffled among
 the members (a random direction with the same statistics), then scores ``θ + η g`` and ``θ + η g_shuffled`` for
 each ``η`` greedily on the first ``--eval-goals`` eval goals, paired with the centre on the same goals.
 
@@ -13,6 +14,8 @@ correlation, over antithetic pairs, of the pair's fitness difference on the firs
 goals (near 0: the members differ only on the goals they happened to draw). ``--etas ''`` measures only that.
 
     python -m experiments.es_direction_probe --scope norms --sigma 0.1 --etas 0.05,0.1,0.2 --out FILE.jsonl
+    # a candidate-scoring policy (score mode) with configs/default.yaml's agent and shop, reliability only:
+    python -m experiments.es_direction_probe --config configs/default.yaml --policy FOLDER --sigma 0.05 --etas ''
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ SCOPES = {"kernels": ("matrices", (r"/kernel$",)), "norms": ("all", (r"norm/scal
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--policy", default=str(REPO / "esjax/assets/generate_policy"), help="HF folder of the policy")
+    p.add_argument("--config", type=Path, default=None,
+                   help="a score-mode config (e.g. configs/default.yaml): probe a candidate-scoring policy with that "
+                        "config's agent and shop (default: a generative policy, generate mode)")
     p.add_argument("--scope", choices=sorted(SCOPES), default="kernels")
     p.add_argument("--sigma", type=float, default=0.01)
     p.add_argument("--mode", choices=("lowrank", "full"), default="lowrank", help="members' noise (es.mode)")
@@ -79,20 +85,36 @@ def main(argv=None) -> None:
     )
 
     policy = load_policy("hf", args.policy)
-    agent = generate_agent(policy, constrain=args.constrain)
-    shop = load_webshop(DATA, seed=CATALOG_SEED)
     etas = [float(x) for x in args.etas.split(",") if x]
-    train = list(shop.split("train"))
-    evals = list(shop.split("eval"))[:args.eval_goals] if etas else []
     kind, include = SCOPES[args.scope]
     config = ESConfig(noise=NoiseSpec(seed=0, mode=args.mode, rank=args.rank, scope=Scope(kind, include)),
                       sigma=args.sigma, learning_rate=1.0, scale="nes")
+    if args.config is None:  # generate mode: the generative policy's agent on the pretraining shop
+        agent = generate_agent(policy, constrain=args.constrain)
+        shop = load_webshop(DATA, seed=CATALOG_SEED)
+
+        def engine_for(rows: int):
+            return GenerateEngine(InProcessEnvPool(shop, rows), agent, policy.config, config.noise,
+                                  lambda v: args.sigma, MAX_STEPS, Sampling(args.temperature, 1.0, 0),
+                                  MAX_REPLY_TOKENS, 4, max_prompt_tokens=MAX_PROMPT_TOKENS,
+                                  unperturbed_turns=args.unperturbed_turns)
+    else:  # score mode: the config's candidate-scoring agent and shop; training rows at --temperature
+        from esjax.config import load_config
+        from esjax.loop.rollout import RolloutEngine
+        from esjax.train.parts import build_agent, build_shop
+
+        run_config = load_config(args.config)
+        agent = build_agent(run_config.agent, policy, "hf")
+        shop = build_shop(run_config.env)
+
+        def engine_for(rows: int):
+            return RolloutEngine(InProcessEnvPool(shop, rows), agent, policy.config, config.noise,
+                                 lambda v: args.sigma, run_config.env.max_steps, args.temperature)
+    train = list(shop.split("train"))
+    evals = list(shop.split("eval"))[:args.eval_goals] if etas else []
 
     def run(episodes: list[dict], params_at) -> list:
-        engine = GenerateEngine(InProcessEnvPool(shop, len(episodes)), agent, policy.config, config.noise,
-                                lambda v: args.sigma, MAX_STEPS, Sampling(args.temperature, 1.0, 0),
-                                MAX_REPLY_TOKENS, 4, max_prompt_tokens=MAX_PROMPT_TOKENS,
-                                unperturbed_turns=args.unperturbed_turns)
+        engine = engine_for(len(episodes))
         for episode in episodes:
             engine.start(**episode)
         done = []
@@ -145,7 +167,8 @@ def main(argv=None) -> None:
         record = {"estimate": estimate, "scope": args.scope, "mode": args.mode, "rank": args.rank,
                   "sigma": args.sigma, "members": args.members, "goals": args.goals, "temperature": args.temperature,
                   "eval_goals": len(evals), "unperturbed_turns": args.unperturbed_turns, "constrain": args.constrain,
-                  "policy": str(args.policy), "split_half_reliability": reliability,
+                  "policy": str(args.policy), "config": None if args.config is None else str(args.config),
+                  "split_half_reliability": reliability,
                   "fitness_mean": fitness.mean(), "fitness_std": fitness.std(),
                   "mean_abs_pair_difference": np.abs(pairs).mean(), "behaviour": behaviour_record,
                   "direction_norm": norm, "entries": entries, "centre": 100 * reward[0].mean(),
