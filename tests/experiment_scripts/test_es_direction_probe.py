@@ -37,3 +37,20 @@ def test_episode_behaviour_counts_actions_by_kind():
              ("click[< Prev]", ""), ("click[Buy Now]", ""), ("click[oops", ""), ("search[again]", "")]
     behaviour = dict(zip(es_direction_probe.BEHAVIOUR, es_direction_probe.episode_behaviour(trace)))
     assert behaviour == {"steps": 8, "search_words": 3, "products": 1, "options": 2, "buy_clicks": 1}
+
+
+@pytest.mark.slow
+def test_score_mode_probe_runs_the_configs_agent_on_a_candidate_scoring_policy(tmp_path):
+    """``--config``: the embedded (candidate-scoring) policy with configs/default.yaml's agent and shop; the same
+    record, paired line search included."""
+    from experiments.lib import REPO
+
+    out = tmp_path / "probe.jsonl"
+    es_direction_probe.main(["--config", str(REPO / "configs" / "default.yaml"), "--policy",
+                             str(REPO / "esjax" / "assets" / "default_policy"), "--sigma", "0.05", "--members", "4",
+                             "--goals", "2", "--eval-goals", "2", "--estimates", "1", "--etas", "0", "--out", str(out)])
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert record["config"].endswith("default.yaml") and record["members"] == 4 and record["entries"] > 0
+    assert record["split_half_reliability"] is None or -1 <= record["split_half_reliability"] <= 1
+    assert all(s["delta"] == 0 and s["changed_goals"] == 0 for s in record["steps"])  # η = 0 is the centre
+    assert record["behaviour"]["steps"]["mean"] >= 1
