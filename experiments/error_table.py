@@ -94,21 +94,24 @@ def table(traces: list[dict], shop) -> dict:
     n = len(traces)
     kinds, lost, over = Counter(), Counter(), Counter()
     habits: dict[str, Counter] = {k: Counter() for k in KINDS}
+    overall = Counter()
     for trace in traces:
-        rank = goal_rank(shop, trace)
+        did = behaviour(trace)
+        overall.update(k for k, v in did.items() if v)
+        # the search is re-run only for goals below full reward (the only ones a kind is needed for)
+        rank = goal_rank(shop, trace) if trace["reward"] < 1.0 else None
         kind = kind_of(trace, rank, goal_asin(shop, trace))
         if kind is None:
             continue
         kinds[kind] += 1
         lost[kind] += 1.0 - trace["reward"]
         over[kind] += (trace.get("reward_info") or {}).get("r_price") is False
-        habits[kind].update(k for k, v in behaviour(trace).items() if v)
+        habits[kind].update(k for k, v in did.items() if v)
     score = 100 * sum(t["reward"] for t in traces) / n
     return {"goals": n, "score": score, "success": sum(t["reward"] >= 1.0 for t in traces) / n,
             "rows": [{"kind": k, "goals": kinds[k], "points_lost": 100 * lost[k] / n, "over_price": over[k],
                       **{h: habits[k][h] for h in ("item pages > 1", "paged", "clicked an option")}} for k in KINDS],
-            "all_item_pages_gt1": sum(behaviour(t)["item pages > 1"] for t in traces),
-            "all_paged": sum(behaviour(t)["paged"] for t in traces)}
+            "all_item_pages_gt1": overall["item pages > 1"], "all_paged": overall["paged"]}
 
 
 def markdown(result: dict, source: str) -> str:
