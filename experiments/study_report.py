@@ -82,6 +82,11 @@ DEVIATIONS = (
     "process was paused twice (SIGSTOP / SIGCONT, about 18 and 10 minutes) so the test suite could be timed alone, "
     "so its grid.json seconds (2,327) include the pauses. A pause changes nothing but timing fields: no decision of "
     "the loop reads the clock (a checkpoint taken by time changes no record; resumes are bit-identical, tested).",
+    "Secondary family, second session (7 Dec 2026, from 12:09 UTC): while checking the shard logs' last lines, "
+    "two finished runs' printed scores were seen before the family was complete (async-K1 seeds 105 and 108, "
+    "final 72.0 and 71.3). The protocol's analysis was fixed before any run and nothing was changed after; the "
+    "logs are read by run name only from then on. This session ran one shard process (even seeds) beside the "
+    "issue-54 learning study (two heavy processes) and resumed delay4 seed 108 from its checkpoint.",
 )
 #: Departures found later (issue 57's check of the records against the text), listed after the others.
 ERRATA = (
