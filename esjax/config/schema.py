@@ -184,7 +184,11 @@ class ESSection(_Section):
     sigma: float = Field(_ES_DEFAULTS.sigma, gt=0, description="perturbation scale σ (the start value of a schedule)")
     sigma_final: float | None = Field(None, gt=0, description="end value for linear/cosine schedules")
     sigma_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    learning_rate: float = Field(_ES_DEFAULTS.learning_rate, gt=0, description="step size α of the optimizer")
+    learning_rate: float = Field(_ES_DEFAULTS.learning_rate, gt=0, description="step size α of the optimizer (the "
+                                                                              "start value of a schedule)")
+    learning_rate_final: float | None = Field(None, gt=0, description="end value of α for linear/cosine schedules")
+    learning_rate_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="α over the run's updates, as es.sigma_schedule does for σ")
     scale: Literal["nes", "llm"] = Field(_ES_DEFAULTS.scale, description="nes: 1/(N sigma); llm: 1/N, sigma folded "
                                                                          "into lr")
     shaping: Literal["centered_ranks", "z_score", "raw"] = _ES_DEFAULTS.shaping
@@ -223,6 +227,9 @@ class ESSection(_Section):
             raise ValueError(f"es.population: must be even with es.antithetic=true, got {self.population}")
         if self.sigma_schedule != "constant" and self.sigma_final is None:
             raise ValueError(f"es.sigma_final: required with es.sigma_schedule={self.sigma_schedule!r}")
+        if self.learning_rate_schedule != "constant" and self.learning_rate_final is None:
+            raise ValueError("es.learning_rate_final: required with "
+                             f"es.learning_rate_schedule={self.learning_rate_schedule!r}")
         return self
 
 

@@ -194,28 +194,36 @@ def build_es_config(es: ESSection, seed: int, updates: int) -> ESConfig:
     over which a σ schedule runs)."""
     noise = NoiseSpec(seed=seed, mode=es.mode, rank=es.rank, antithetic=es.antithetic,
                       scope=Scope(es.scope, tuple(es.include), tuple(es.exclude)))
-    if es.sigma_schedule == "constant":
-        sigma = constant(es.sigma)
-    elif es.sigma_schedule == "linear":
-        sigma = linear(es.sigma, es.sigma_final, updates)
-    else:
-        sigma = cosine(es.sigma, es.sigma_final, updates)
-    optimizer = build_optimizer(es)
+    sigma = _schedule(es.sigma_schedule, es.sigma, es.sigma_final, updates)
+    # a constant α stays a float: the optimizer state (and so every checkpoint) is what it was before schedules
+    learning_rate = (es.learning_rate if es.learning_rate_schedule == "constant" else
+                     _schedule(es.learning_rate_schedule, es.learning_rate, es.learning_rate_final, updates))
+    optimizer = build_optimizer(es, learning_rate)
     # a named optimizer is per-leaf already; the optax Adam built for non-default settings is per-leaf too, so
     # the update may still step it one group of leaves at a time (ESExecution.update_chunk_bytes)
-    return ESConfig(noise=noise, sigma=sigma, learning_rate=es.learning_rate, scale=es.scale,
+    return ESConfig(noise=noise, sigma=sigma, learning_rate=learning_rate, scale=es.scale,
                     shaping=es.shaping, optimizer=optimizer, weight_decay=es.weight_decay,
                     anchor_decay=es.anchor_decay, per_leaf_optimizer=not isinstance(optimizer, str))
 
 
-def build_optimizer(es: ESSection):
+def _schedule(kind: str, start: float, final: float | None, updates: int):
+    """A value over the versions (σ or α): one of :mod:`esjax.es.sigma_schedules`' hashable schedules, which optax
+    also takes as a step-size schedule of its update count (= the version)."""
+    if kind == "constant":
+        return constant(start)
+    return (linear if kind == "linear" else cosine)(start, final, updates)
+
+
+def build_optimizer(es: ESSection, learning_rate=None):
     """``es.optimizer`` as :class:`ESConfig` takes it: the name when the section holds optax's defaults (a value,
     so equal configs are equal and share compiled programs), else the optax transformation with its settings (one
-    object per distinct setting, so a config built again still shares them)."""
+    object per distinct setting, so a config built again still shares them). ``learning_rate``: α or its
+    schedule (default ``es.learning_rate``)."""
     optimizer = es.optimizer
     if optimizer == type(optimizer)():
         return optimizer.kind
-    return _adam(es.learning_rate, optimizer.b1, optimizer.b2, optimizer.eps)
+    return _adam(es.learning_rate if learning_rate is None else learning_rate, optimizer.b1, optimizer.b2,
+                 optimizer.eps)
 
 
 @functools.cache

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -43,6 +44,7 @@ def test_override_parses_yaml_values():
         (["schedule.kind=controlled", "schedule.lag=3", "schedule.max_lag=1", "schedule.stale_fraction=0.5"],
          "schedule.lag"),
         (["es.sigma_schedule=cosine"], "es.sigma_final"),
+        (["es.learning_rate_schedule=linear"], "es.learning_rate_final"),
         (["env.data=/nonexistent/folder"], "env.data"),
     ],
 )
@@ -546,7 +548,8 @@ def test_adam_settings_act_over_several_steps():
 # move it silently.
 DEFAULT_JOB_ES = {
     "population": 32, "antithetic": True, "mode": "lowrank", "rank": 1, "sigma": 0.05, "sigma_final": None,
-    "sigma_schedule": "constant", "learning_rate": 0.02, "scale": "nes", "shaping": "centered_ranks",
+    "sigma_schedule": "constant", "learning_rate": 0.02, "learning_rate_final": None,
+    "learning_rate_schedule": "constant", "scale": "nes", "shaping": "centered_ranks",
     "optimizer": "sgd", "weight_decay": 0.0, "anchor_decay": 0.0, "scope": "matrices", "include": ["/kernel$"],
     "exclude": [],
 }
@@ -622,3 +625,41 @@ def test_every_user_facing_error_shares_one_base_and_prints_one_line(capsys):
             run_cli(main, [])
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, cls
+
+
+def test_learning_rate_schedule_steps_by_version_and_constant_keeps_its_optimizer_state():
+    """es.learning_rate_schedule makes α a function of the update count (= the version), as σ's schedule is; a
+    constant α stays a float, so the optimizer state of every run and checkpoint without a schedule is unchanged."""
+    import jax
+    import jax.numpy as jnp
+    from run_settings import es_config_of
+
+    for optimizer in ("sgd", "adam"):
+        cosine = es_config_of(load_config(None, ["es.learning_rate=0.01", "es.learning_rate_final=0.001",
+                                                 "es.learning_rate_schedule=cosine", f"es.optimizer={optimizer}",
+                                                 "run.updates=10"]))
+        assert float(cosine.learning_rate(0)) == pytest.approx(0.01)
+        assert float(cosine.learning_rate(5)) == pytest.approx(0.0055)
+        assert float(cosine.learning_rate(10)) == pytest.approx(0.001)
+        assert float(cosine.learning_rate(20)) == pytest.approx(0.001)  # held after the run's updates
+        tx = cosine.get_optimizer()
+        params = {"w": jnp.zeros(3)}
+        state = tx.init(params)
+        sizes = []
+        for _ in range(11):
+            step, state = jax.jit(tx.update)({"w": jnp.ones(3)}, state, params)
+            sizes.append(float(jnp.abs(step["w"][0])))
+        if optimizer == "sgd":  # the step is α_t itself
+            np.testing.assert_allclose(sizes, [float(cosine.learning_rate(t)) for t in range(11)], rtol=1e-6)
+        assert sizes[0] > sizes[5] > sizes[10] > 0
+    constant = es_config_of(load_config(None, ["es.learning_rate=0.01"]))
+    assert constant.learning_rate == 0.01
+    assert jax.tree_util.tree_structure(constant.get_optimizer().init({"w": jnp.zeros(3)})) == \
+        jax.tree_util.tree_structure(optax_sgd_state())
+
+
+def optax_sgd_state():
+    import jax.numpy as jnp
+    import optax
+
+    return optax.sgd(0.01).init({"w": jnp.zeros(3)})
