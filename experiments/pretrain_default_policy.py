@@ -58,28 +58,11 @@ from experiments.lib.pretrain import (
     option_decisions,
     params_digest,
     tokenizer_corpus,
+    train,
     write_folder,
 )
 
 DEFAULT_OUT = REPO / "esjax" / "assets" / "default_policy"
-
-def train(config, params, data, steps: int, lr: float, args, stage: str, report=None):
-    """``steps`` AdamW steps of the candidate cross-entropy over ``data``; returns params and the per-step logs.
-
-    ``report(params) -> str``, if given, is printed with every log line (e.g. a held-out accuracy).
-    """
-    opt_state = make_optimizer(lr, steps, args.weight_decay).init(params)
-    train_step = make_train_step(config, lr, steps, args.weight_decay)
-    started, losses, accs = time.perf_counter(), [], []
-    for i, (kind, idx) in enumerate(batch_plan(data, args.batch, steps, args.seed)):
-        params, opt_state, loss, acc = train_step(params, opt_state, {k: v[idx] for k, v in data[kind].items()})
-        losses.append(float(loss))
-        accs.append(float(acc))
-        if args.log_every and (i + 1) % args.log_every == 0:
-            print(f"{stage} step {i + 1}/{steps}: loss {np.mean(losses[-args.log_every:]):.3f} "
-                  f"acc {np.mean(accs[-args.log_every:]):.3f} ({time.perf_counter() - started:.0f} s)"
-                  f"{'' if report is None or (i + 1) % (10 * args.log_every) else ' ' + report(params)}", flush=True)
-    return params, losses, accs
 
 
 def command_line(args: dict) -> str:

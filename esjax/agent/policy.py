@@ -17,12 +17,16 @@ from esjax.model.config import ModelConfig, from_hf_dict
 from esjax.model.hf import load_pretrained, render_chat
 from esjax.model.params import init_params
 
-#: The policies shipped in the package, by ``model.embedded`` name: ``default`` scores WebShop's candidate actions
-#: (score mode), ``generate`` writes them (generate mode), ``generate-hasty`` is ``generate`` taught to buy without
-#: options on a third of its demonstrations (a habit for ES to unlearn: configs/generate.yaml).
+#: The policies shipped in the package, by ``model.embedded`` name: (asset folder, the ``experiments`` script that
+#: regenerates it). ``default`` scores WebShop's candidate actions (score mode), ``generate`` writes them (generate
+#: mode), ``generate-hasty`` is ``generate`` taught to buy without options on a third of its demonstrations (a habit
+#: for ES to unlearn: configs/generate.yaml), ``babyai`` scores BabyAI's actions (envs/babyai_bridge/agent.py).
+EMBEDDED_RECIPES = {"default": ("default_policy", "pretrain_default_policy"),
+                    "generate": ("generate_policy", "pretrain_generate_policy"),
+                    "generate-hasty": ("generate_hasty_policy", "pretrain_generate_policy"),
+                    "babyai": ("babyai_policy", "pretrain_babyai_policy")}
 EMBEDDED_POLICIES = {name: Path(__file__).resolve().parents[1] / "assets" / folder
-                     for name, folder in (("default", "default_policy"), ("generate", "generate_policy"),
-                                          ("generate-hasty", "generate_hasty_policy"))}
+                     for name, (folder, _) in EMBEDDED_RECIPES.items()}
 EMBEDDED_POLICY_DIR = EMBEDDED_POLICIES["default"]
 
 #: A tiny Qwen2-architecture config for ``model.source: random`` (tests, smoke runs).
@@ -69,9 +73,8 @@ def load_policy(source: str, path: str | None = None, dtype: str = "float32", *,
             raise ValueError(f"model.embedded: expected one of {sorted(EMBEDDED_POLICIES)}, got {embedded!r}")
         folder = EMBEDDED_POLICIES[embedded] if source == "embedded" else Path(path or "").expanduser()
         if source == "embedded" and not (folder / "config.json").is_file():
-            recipe = "pretrain_default_policy" if embedded == "default" else "pretrain_generate_policy"
             raise FileNotFoundError(f"{folder}: the embedded {embedded} policy is missing from this installation "
-                                    f"(regenerate it with python -m experiments.{recipe})")
+                                    f"(regenerate it with python -m experiments.{EMBEDDED_RECIPES[embedded][1]})")
         pre = load_pretrained(folder, mesh=mesh, dtype=dtype)
         return LoadedPolicy(pre.config, pre.params, pre.tokenizer, pre.chat_template, pre.special_tokens,
                             pre.path, pre.raw_config)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -130,27 +131,35 @@ def round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def encode_steps(agent, steps, eligible=None):
-    """Fixed-shape arrays of the steps, encoded exactly as ``WebShopAgent.step_inputs`` does.
+def webshop_group(agent, step) -> str:
+    """The padding group of a WebShop step: page kind and, on item pages, candidate count and length (a results
+    page has 12 long candidates; an item page from 3 to 50+ mostly short ones)."""
+    from esjax.agent.buckets import next_power_of_two
+    from esjax.agent.webshop import Candidate
 
-    ``eligible(text) -> bool``, if given, limits each step's softmax to the candidates it accepts (``valid``).
+    if "| page: results |" in step[0]:
+        return "results"
+    longest = max(len(agent.encode_candidate(Candidate(t, ""))) for t in step[1])
+    return f"item-k{max(8, next_power_of_two(len(step[1])))}-c{8 if longest <= 8 else 24}"
 
-    Steps are grouped by page kind and, on item pages, by candidate count and length (a results page has 12
-    long candidates; an item page from 3 to 50+ mostly short ones), and each group is padded to its own shapes,
-    so a batch wastes little compute on padding (a handful of compiled programs).
+
+def encode_steps(agent, steps, eligible=None, group=webshop_group, candidate_round: int = 8):
+    """Fixed-shape arrays of the steps, encoded exactly as the agent's ``step_inputs`` does.
+
+    ``steps``: ``(prompt_text, candidate_texts, target)``; the agent needs ``encode_prompt(text)`` and
+    ``encode_candidate(candidate)`` (reading ``candidate.text``). ``eligible(text) -> bool``, if given, limits each
+    step's softmax to the candidates it accepts (``valid``).
+
+    Steps are grouped by ``group(agent, step) -> key`` (default: :func:`webshop_group`), and each group is padded
+    to its own shapes, so a batch wastes little compute on padding (a handful of compiled programs): prompts to a
+    multiple of 16 tokens, candidates to a multiple of ``candidate_round``.
     """
     from esjax.agent.batching import left_pad, right_pad
-    from esjax.agent.buckets import next_power_of_two
     from esjax.agent.webshop import Candidate
 
     keyed: dict[str, list] = {}
     for step in steps:
-        if "| page: results |" in step[0]:
-            key = "results"
-        else:
-            longest = max(len(agent.encode_candidate(Candidate(t, ""))) for t in step[1])
-            key = f"item-k{max(8, next_power_of_two(len(step[1])))}-c{8 if longest <= 8 else 24}"
-        keyed.setdefault(key, []).append(step)
+        keyed.setdefault(group(agent, step), []).append(step)
     groups = {}
     for key, chosen in sorted(keyed.items()):
         n = len(chosen)
@@ -158,7 +167,7 @@ def encode_steps(agent, steps, eligible=None):
         cands = [[agent.encode_candidate(Candidate(t, "")) for t in cs] for _, cs, _ in chosen]
         plen = round_up(max(len(p) for p in prompts), 16)
         K = max(len(cs) for cs in cands)
-        clen = round_up(max(len(c) for cs in cands for c in cs), 8)
+        clen = round_up(max(len(c) for cs in cands for c in cs), candidate_round)
         p_tok, p_mask = left_pad(prompts, n, plen)
         flat = [c for cs in cands for c in cs + [[]] * (K - len(cs))]
         c_tok, c_mask = right_pad(flat, n * K, clen)
@@ -263,6 +272,27 @@ def jitted_step(loss_fn, optimizer):
         return optax.apply_updates(params, updates), opt_state, loss, aux
 
     return step
+
+
+def train(config, params, data, steps: int, lr: float, args, stage: str, report=None):
+    """``steps`` AdamW steps of the candidate cross-entropy over ``data`` (groups of :func:`encode_steps`); returns
+    params and the per-step losses and accuracies. ``args``: the script's options ``batch``, ``seed``,
+    ``weight_decay`` and ``log_every``.
+
+    ``report(params) -> str``, if given, is printed with every tenth log line (e.g. a held-out accuracy).
+    """
+    opt_state = make_optimizer(lr, steps, args.weight_decay).init(params)
+    train_step = make_train_step(config, lr, steps, args.weight_decay)
+    started, losses, accs = time.perf_counter(), [], []
+    for i, (kind, idx) in enumerate(batch_plan(data, args.batch, steps, args.seed)):
+        params, opt_state, loss, acc = train_step(params, opt_state, {k: v[idx] for k, v in data[kind].items()})
+        losses.append(float(loss))
+        accs.append(float(acc))
+        if args.log_every and (i + 1) % args.log_every == 0:
+            print(f"{stage} step {i + 1}/{steps}: loss {np.mean(losses[-args.log_every:]):.3f} "
+                  f"acc {np.mean(accs[-args.log_every:]):.3f} ({time.perf_counter() - started:.0f} s)"
+                  f"{'' if report is None or (i + 1) % (10 * args.log_every) else ' ' + report(params)}", flush=True)
+    return params, losses, accs
 
 
 def is_option(text: str) -> bool:
