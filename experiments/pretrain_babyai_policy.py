@@ -107,8 +107,9 @@ def demonstrations(agent, goals, noise: float, seed: int, split: str = "train"):
 
 
 def prompt_group(agent, step) -> str:
-    """Padding group of a step: its prompt length rounded up to 32 tokens (all have the same six candidates)."""
-    return f"p{round_up(len(agent.encode_prompt(step[0])), 32):04d}"
+    """Padding group of a step: its prompt length rounded up to 48 tokens (all have the same six candidates), so
+    training compiles four programs (prompts of up to ``BabyAIAgent.max_prompt_tokens``, 192)."""
+    return f"p{round_up(len(agent.encode_prompt(step[0])), 48):04d}"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -159,8 +160,8 @@ def evaluate_bot(split: str, goals: list[int]) -> list[dict[str, Any]]:
 def summary(episodes: list[dict[str, Any]]) -> dict[str, Any]:
     """Success rate, mean reward and mean steps, over all episodes and per level."""
     def one(eps):
-        return {"episodes": len(eps), "success": float(np.mean([e["success"] for e in eps])),
-                "reward": float(np.mean([e["reward"] for e in eps])), "steps": float(np.mean([e["steps"] for e in eps]))}
+        return {"episodes": len(eps), **{k: float(np.mean([e[k] for e in eps])) for k in ("success", "reward",
+                                                                                              "steps")}}
 
     levels = sorted({e["level"] for e in episodes})
     return {"all": one(episodes), **{lv: one([e for e in episodes if e["level"] == lv]) for lv in levels}}
@@ -221,8 +222,9 @@ def write_readme(out: Path, report: dict) -> None:
         "PutNextLocal, GoTo) by scoring the six candidate actions (`envs/babyai_bridge/agent.py`), trained from",
         "scratch by behaviour cloning of minigrid's BabyAI bot on train instances with",
         "`experiments/pretrain_babyai_policy.py`. Load it with `model.embedded: babyai`",
-        "(`esjax.agent.policy.load_policy('embedded', embedded='babyai')`). It is competent but improvable: it solves",
-        "most one-room episodes and few of GoTo's maze episodes, where the bot solves all.",
+        "(`esjax.agent.policy.load_policy('embedded', embedded='babyai')`). Greedy, it succeeds in "
+        f"{100 * report['policy']['all']['success']:.1f}% of the test episodes below, the bot in "
+        f"{100 * report['bot']['all']['success']:.1f}%.",
         "",
         "Regenerate (bit-identical on the same CPU / jax build):",
         "",
@@ -274,7 +276,8 @@ def write_results(path: Path, report: dict) -> None:
         *score_table(report),
         "",
         "Success = minigrid's `terminated` with a positive reward; reward is BabyAI's (0 on failure); steps are env",
-        "steps per episode (a failed episode runs to the level's max_steps: 64 for the local levels, 576 for GoTo).",
+        "steps per episode (a failed episode runs to the level's max_steps: 64 for GoToLocal and PickupLoc, 128 for",
+        "PutNextLocal, 576 for GoTo).",
         "",
     ]
     path.write_text("\n".join(lines))
@@ -290,13 +293,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--results", type=Path, default=RESULTS_FILE, help="the results page (written unless --quick)")
-    p.add_argument("--demo-goals", type=int, default=2000, help="train goals the bot plays")
+    p.add_argument("--demo-goals", type=int, default=1000, help="train goals the bot plays")
     p.add_argument("--noise", type=float, default=0.2, help="share of demonstration steps that execute a random move")
-    p.add_argument("--steps", type=int, default=2000, help="optimizer steps")
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--eval-goals", type=int, default=400, help="test goals of the greedy evaluation")
+    p.add_argument("--eval-goals", type=int, default=200, help="test goals of the greedy evaluation")
     p.add_argument("--quick", action="store_true", help="a seconds-long run (tests): few goals and steps, no eval")
     p.add_argument("--log-every", type=int, default=100)
     return p
@@ -353,7 +356,7 @@ def main(argv: list[str] | None = None) -> dict:
         write_readme(args.out, report)
         if args.eval_goals:
             write_results(args.results, report)
-    print(json.dumps({k: v for k, v in report.items() if k != "demos"}))
+    print(json.dumps(report))
     return report
 
 

@@ -10,5 +10,5 @@ from .levels import DEFAULT_MIX, LEVEL_IDS, SPLITS, LevelMix, level_id, make_lev
 from .pool import BabyAIEnvPool
 from .text import ACTION_TEXTS, ALIASES, describe, parse_action
 
-__all__ = ["ACTION_TEXTS", "ALIASES", "DEFAULT_MIX", "LEVEL_IDS", "SPLITS", "BabyAIAgent", "BabyAIEnvPool", "BabyAITextEnv",
-           "LevelMix", "describe", "level_id", "make_level", "parse_action", "seed_of"]
+__all__ = ["ACTION_TEXTS", "ALIASES", "DEFAULT_MIX", "LEVEL_IDS", "SPLITS", "BabyAIAgent", "BabyAIEnvPool",
+           "BabyAITextEnv", "LevelMix", "describe", "level_id", "make_level", "parse_action", "seed_of"]

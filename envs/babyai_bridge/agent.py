@@ -64,11 +64,12 @@ class BabyAIAgent:
         for the embedded one).
       memory_actions: how many of the episode's last actions the prompt lists.
       max_prompt_tokens: longer prompts keep their head (mission, heading, what is in front) and tail (walls,
-        recent actions), dropping the middle of a long list of seen objects.
+        recent actions), dropping the middle of a long list of seen objects (the default, 192 tokens, cuts fewer
+        than 1% of the default mix's prompts: a step of GoTo that sees a dozen objects; the mean is ~80).
       score_norm: ``'mean'`` (per-token) or ``'sum'`` log-likelihood of a candidate.
     """
 
-    def __init__(self, tokenizer: Any, memory_actions: int = 3, max_prompt_tokens: int = 384,
+    def __init__(self, tokenizer: Any, memory_actions: int = 3, max_prompt_tokens: int = 192,
                  score_norm: str = "mean"):
         if score_norm not in ("mean", "sum"):
             raise ValueError(f"agent score_norm must be 'mean' or 'sum', got {score_norm!r}")
