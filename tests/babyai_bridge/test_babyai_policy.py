@@ -81,7 +81,7 @@ def test_quick_pretraining_is_deterministic_and_loadable(tmp_path):
     for name in ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     policy = load_policy("hf", str(tmp_path / "a"))
-    assert policy.config.model_type == "qwen2" and policy.config.num_hidden_layers == 2
+    assert policy.config.model_type == "qwen2" and policy.config.num_layers == 2
     agent = BabyAIAgent(policy.tokenizer)
     memory = agent.new_memory("go to the red ball")
     prompt, _, cand_ids = agent.step_inputs("Mission: go to the red ball.\nYou see no objects.", {}, memory)
