@@ -200,10 +200,14 @@ BEHAVIOUR = ("steps", "search_words", "products", "options", "buy_clicks")
 
 def episode_behaviour(trace) -> tuple[int, ...]:
     """An episode's actions counted by kind (:data:`BEHAVIOUR`): steps, words of its first search, product pages
-    opened, option clicks and ``buy now`` clicks (kinds as :func:`esjax.rundir.traces.action_kind` tells them)."""
+    opened, option clicks and ``buy now`` clicks (kinds as :func:`esjax.rundir.traces.action_kind` tells them).
+
+    A trace holds (what the policy chose, the env action) per step: a candidate's text in score mode, a reply in
+    generate mode; the env action is what is counted (probe records before 7 Dec 2026 counted the first item, which
+    gave zeros in score mode)."""
     from esjax.rundir.traces import action_kind
 
-    kinds = [action_kind(action) for action, _ in trace]
+    kinds = [action_kind(action) for _, action in trace]
     search = next((arg for kind, arg in kinds if kind == "search"), "")
     counts = [sum(kind == k for kind, _ in kinds) for k in ("product", "option", "buy")]
     return (len(kinds), len(search.split()), *counts)
