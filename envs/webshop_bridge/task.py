@@ -105,14 +105,8 @@ class WebShopTask(Task):
         """``templated`` / ``human`` WebShop goals, or the synthetic shop's own (env.goals does not apply to it)."""
         return "synthetic-shop" if self.env.data == "synthetic" else self.env.goals
 
-    def texts(self, limit: int = 5000) -> Iterable[str]:
-        """Instructions, titles and option values."""
-        shop = self.data
-        for i in range(min(len(shop.goals), limit)):
-            yield shop.goals[i].instruction_text.lower()
-        for i in range(min(len(shop), limit)):
-            product = shop.product(i)
-            yield f"open {product.title} choose buy now go back next page back to search page: results item chosen"
+    def texts(self) -> Iterable[str]:
+        return shop_texts(self.data)
 
     def pool(self, n: int) -> InProcessEnvPool:
         return InProcessEnvPool(self.data, n)
@@ -132,13 +126,7 @@ class WebShopTask(Task):
                             settings.max_candidate_tokens, settings.score_norm)
 
     def generate_agent(self, policy, settings):
-        """The chat template when the model has one (a plain rendering otherwise), and the model's end-of-sequence
-        tokens as stop tokens."""
-        from esjax.agent.generate_agent import GenerateAgent
-
-        renderer = policy.chat_renderer() if settings.prompt_style != "compact" else None
-        return GenerateAgent(policy.tokenizer, renderer, policy.stop_token_ids(), settings.max_prompt_tokens,
-                             settings.reasoning, constrain=settings.constrain)
+        return generate_agent(policy, settings)
 
     def behaviour(self, lines: Iterable[dict[str, Any]]) -> dict[str, float | None]:
         return _behaviour.behaviour(lines)
@@ -154,3 +142,22 @@ class WebShopTask(Task):
         if env["data"] != "synthetic" and env["data"] not in PACKAGED_DATA:
             env = {**env, "data": str(Path(env["data"]).expanduser().resolve())}
         return env
+
+
+def shop_texts(shop, limit: int = 5000) -> Iterable[str]:
+    """Text a from-scratch tokenizer is trained on: instructions, titles and option values."""
+    for i in range(min(len(shop.goals), limit)):
+        yield shop.goals[i].instruction_text.lower()
+    for i in range(min(len(shop), limit)):
+        product = shop.product(i)
+        yield f"open {product.title} choose buy now go back next page back to search page: results item chosen"
+
+
+def generate_agent(policy, settings):
+    """Generate mode's agent for ``policy`` with the ``agent`` section ``settings``: the chat template when the
+    model has one (a plain rendering otherwise), and the model's end-of-sequence tokens as stop tokens."""
+    from esjax.agent.generate_agent import GenerateAgent
+
+    renderer = policy.chat_renderer() if settings.prompt_style != "compact" else None
+    return GenerateAgent(policy.tokenizer, renderer, policy.stop_token_ids(), settings.max_prompt_tokens,
+                         settings.reasoning, constrain=settings.constrain)
