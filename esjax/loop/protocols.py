@@ -2,7 +2,8 @@
 
 A task (:class:`esjax.task.Task`) supplies objects that implement these (the WebShop bridge's ``InProcessEnvPool``,
 ``esjax.agent.webshop.WebShopAgent`` (score mode) and ``esjax.agent.generate_agent.GenerateAgent`` (generate mode) are
-the reference implementations); the loop itself never imports a task. The staleness schedule's seam is :class:`esjax.loop.staleness.Schedule`.
+the reference implementations); the loop itself never imports a task. The staleness schedule's seam is
+:class:`esjax.loop.staleness.Schedule`.
 """
 
 from __future__ import annotations
