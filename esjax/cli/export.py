@@ -23,12 +23,12 @@ EVAL_KEYS = ("env.eval_split", "env.eval_goals", "env.max_steps", "agent.prompt_
 
 
 def eval_keys(config: Any) -> tuple[str, ...]:
-    """The settings ``esjax.eval`` uses, in the order it prints them: ``env.task`` and the task's own ``env`` keys
-    (its ``Options``), then :data:`EVAL_KEYS`."""
+    """The settings ``esjax.eval`` uses, in the order it prints them: the task's own ``env`` keys (its ``Options``),
+    ``env.task``, then :data:`EVAL_KEYS`."""
     from esjax.train.parts import build_task
 
     options = build_task(config.env).Options.model_fields
-    return ("env.task", *(f"env.{key}" for key in options), *EVAL_KEYS)
+    return (*(f"env.{key}" for key in options), "env.task", *EVAL_KEYS)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -122,7 +122,7 @@ def build_policy(m: ModelSection, task: Task, seed: int) -> LoadedPolicy:
 
     try:
         return load_policy(m.source, m.path, m.dtype, random_config=m.random_config, seed=seed,
-                           texts=task.texts, embedded=m.embedded)
+                           texts=lambda: task.texts(), embedded=m.embedded)
     except (ModelFileError, ModelConfigError) as err:  # a missing, corrupt or unsupported model file: one line
         key = "model.random_config" if m.source == "random" else "model.path"
         raise ConfigError(f"{key}: {err}") from None
