@@ -101,11 +101,12 @@ def main(argv=None) -> None:
     else:  # score mode: the config's candidate-scoring agent and shop; training rows at --temperature
         from esjax.config import load_config
         from esjax.loop.rollout import RolloutEngine
-        from esjax.train.parts import build_agent, build_shop
+        from esjax.train.parts import build_agent, load_task
 
         run_config = load_config(args.config)
-        agent = build_agent(run_config.agent, policy, "hf")
-        shop = build_shop(run_config.env)
+        task = load_task(run_config.env)
+        agent = build_agent(run_config.agent, policy, "hf", task)
+        shop = task.data
 
         def engine_for(rows: int):
             return RolloutEngine(InProcessEnvPool(shop, rows), agent, policy.config, config.noise,
@@ -200,10 +201,15 @@ BEHAVIOUR = ("steps", "search_words", "products", "options", "buy_clicks")
 
 def episode_behaviour(trace) -> tuple[int, ...]:
     """An episode's actions counted by kind (:data:`BEHAVIOUR`): steps, words of its first search, product pages
-    opened, option clicks and ``buy now`` clicks (kinds as :func:`esjax.rundir.traces.action_kind` tells them)."""
-    from esjax.rundir.traces import action_kind
+    opened, option clicks and ``buy now`` clicks (kinds as :func:`envs.webshop_bridge.behaviour.action_kind` tells
+    them).
 
-    kinds = [action_kind(action) for action, _ in trace]
+    A trace holds (what the policy chose, the env action) per step: a candidate's text in score mode, a reply in
+    generate mode; the env action is what is counted (probe records before 7 Dec 2026 counted the first item, which
+    gave zeros in score mode)."""
+    from envs.webshop_bridge.behaviour import action_kind
+
+    kinds = [action_kind(action) for _, action in trace]
     search = next((arg for kind, arg in kinds if kind == "search"), "")
     counts = [sum(kind == k for kind, _ in kinds) for k in ("product", "option", "buy")]
     return (len(kinds), len(search.split()), *counts)

@@ -18,6 +18,7 @@ WebShop's seed-233 order) with the same step cap (15, as ReAct and verl-agent):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     args = p.parse_args(argv)
 
-    from envs.webshop_bridge import FirstHitPolicy, OraclePolicy, RandomPolicy, evaluate, load_webshop
+    from envs.webshop_bridge import FirstHitPolicy, InProcessEnvPool, OraclePolicy, RandomPolicy, evaluate, load_webshop
     from esjax.agent.policy import load_policy
     from esjax.agent.webshop import WebShopAgent
     from esjax.rundir.machine import machine_info
@@ -76,7 +77,8 @@ def main(argv: list[str] | None = None) -> dict:
     policy = load_policy("embedded") if args.model is None else load_policy("hf", str(args.model))
     agent = WebShopAgent(policy.tokenizer, "compact")
     t0 = time.perf_counter()
-    res = evaluate_policy(policy.config, policy.params, agent, shop, goals, args.max_steps)
+    res = evaluate_policy(policy.config, policy.params, agent, functools.partial(InProcessEnvPool, shop), goals,
+                          args.max_steps)
     name = "shipped policy (greedy)" if args.model is None else f"{args.model} (greedy)"
     rows.append({"policy": name, "score": res["score"], "success_rate": res["success_rate"],
                  "seconds": time.perf_counter() - t0})

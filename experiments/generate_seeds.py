@@ -63,9 +63,10 @@ def is_done(path: Path) -> bool:
 
 def eval_behaviour(path: Path) -> dict[str, dict]:
     """Per evaluation version: the invalid-action rate (invalid actions / actions taken, from the eval record and
-    its traces) and :func:`esjax.rundir.traces.behaviour` of its greedy episodes."""
+    its traces) and :func:`envs.webshop_bridge.behaviour.behaviour` of its greedy episodes."""
+    from envs.webshop_bridge.behaviour import behaviour
     from esjax.rundir.metrics import read_metrics
-    from esjax.rundir.traces import behaviour, read_traces
+    from esjax.rundir.traces import read_traces
 
     invalid = {r["version"]: r["invalid_actions"] for r in read_metrics(path / "metrics.jsonl") if r["kind"] == "eval"}
     out = {}

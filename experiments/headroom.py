@@ -20,6 +20,7 @@ ES can only move what the policy can already represent. This script measures, on
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import time
@@ -76,6 +77,7 @@ class Decisions:
 
 
 def evaluate(policy, shop, goals, decisions: Decisions | None, max_steps: int) -> dict:
+    from envs.webshop_bridge import InProcessEnvPool
     from esjax.train.standalone_eval import evaluate_policy
 
     class Engine(RolloutEngine):
@@ -84,7 +86,8 @@ def evaluate(policy, shop, goals, decisions: Decisions | None, max_steps: int) -
             return super().choose(episode, scores) if picked is None else picked
 
     agent = RecordingAgent(policy.tokenizer, "compact", score_norm="mean")
-    out = evaluate_policy(policy.config, policy.params, agent, shop, goals, max_steps, engine_cls=Engine)
+    out = evaluate_policy(policy.config, policy.params, agent, functools.partial(InProcessEnvPool, shop), goals,
+                          max_steps, engine_cls=Engine)
     return {"score": out["score"], "success_rate": out["success_rate"]}
 
 

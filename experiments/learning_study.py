@@ -148,7 +148,8 @@ def is_finished(run_dir: Path) -> bool:
 def finish_records(run_dir: Path) -> dict:
     """Behaviour before/after from the evaluation traces into ``behaviour.json``, then the run compacted
     (:func:`records.compact_run`: traces gzipped, checkpoints and plots dropped)."""
-    from esjax.rundir.traces import behaviour, first_and_last_traces
+    from envs.webshop_bridge.behaviour import behaviour
+    from esjax.rundir.traces import first_and_last_traces
 
     out = {str(v): behaviour(lines) for v, lines in first_and_last_traces(run_dir / "traces").items()}
     (run_dir / "behaviour.json").write_text(json.dumps(out, indent=1) + "\n")
@@ -225,7 +226,7 @@ def report(out: Path) -> str:
                      f"{100 * np.mean([r['success_after'] for r in runs]):.1f}% | "
                      f"{np.mean([r['seconds'] for r in runs]) / 60:.1f} | {commits} |")
     lines += ["", "What the greedy agent did before → after (means over the setting's seeds, from the evaluation "
-                  "traces; `esjax.rundir.traces.behaviour`):", "",
+                  "traces; `envs.webshop_bridge.behaviour.behaviour`):", "",
               "| setting | " + " | ".join(label for _, label, _ in BEHAVIOUR_KEYS) + " |",
               "|---|" + "---|" * len(BEHAVIOUR_KEYS)]
     for name in order:

@@ -33,6 +33,7 @@ Run: ``python -m experiments.pretrain_default_policy`` (about ten minutes on a 2
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -298,12 +299,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     evals = []
     if args.eval_goals:
-        from envs.webshop_bridge import RandomPolicy, evaluate
+        from envs.webshop_bridge import InProcessEnvPool, RandomPolicy, evaluate
         from esjax.train.standalone_eval import evaluate_policy
 
         for split in ("test", "eval"):
             goals = list(shop.split(split))[: args.eval_goals]
-            res = evaluate_policy(config, params, agent, shop, goals, max_steps=MAX_STEPS)
+            res = evaluate_policy(config, params, agent, functools.partial(InProcessEnvPool, shop), goals,
+                                  max_steps=MAX_STEPS)
             evals.append({"name": f"{len(goals)} {split} goals", "policy": "this policy", **res})
             rnd, _ = evaluate(shop, lambda: RandomPolicy(0), goals, max_steps=MAX_STEPS)
             evals.append({"name": f"{len(goals)} {split} goals", "policy": "random clicking",

@@ -22,6 +22,7 @@ This recipe teaches a small decoder to write the teacher's action there:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import time
@@ -332,9 +333,11 @@ def main(argv: list[str] | None = None) -> dict:
               "longest_reply_tokens": max(len(r) for _, r in pairs),
               "final_loss": float(np.mean(losses[-50:])), "final_reply_token_accuracy": float(np.mean(accs[-50:]))}
     if args.eval_goals:
+        from envs.webshop_bridge import InProcessEnvPool
         from esjax.train.standalone_eval import evaluate_policy
 
-        res = evaluate_policy(policy.config, params, agent, shop, list(shop.split("eval"))[: args.eval_goals],
+        res = evaluate_policy(policy.config, params, agent, functools.partial(InProcessEnvPool, shop),
+                              list(shop.split("eval"))[: args.eval_goals],
                               max_steps=MAX_STEPS, max_new_tokens=MAX_REPLY_TOKENS)
         report["eval"] = {"goals": args.eval_goals, "score": res["score"], "success_rate": res["success_rate"],
                           "invalid_action_rate": res["invalid_action_rate"]}

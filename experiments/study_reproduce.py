@@ -1,13 +1,16 @@
 """The study's reproducibility check (experiments/protocol.md): re-run committed (cell, seed) runs and compare.
 
-Each run is made again at the current commit into a scratch directory, with the overrides its ``grid.json``
-recorded, and compared with its committed records: every metrics record with the fields that measure time left
-out, and the evaluation traces byte for byte. The result goes to
-``experiments/results/study/reproducibility.json``, which ``study_report.py`` prints.
+Each run is made again at the current commit, with the overrides its ``grid.json`` recorded, into
+``experiments/results/study/reproducibility/<data>/<cell>/seed<s>/``, compacted as the study's runs are (so its
+records can be committed and checked by anyone), and compared with the committed original: every metrics record
+with the fields that measure time left out, and the evaluation traces byte for byte. A re-run already finished there
+is not made again. The result goes to ``experiments/results/study/reproducibility.json``, which ``study_report.py``
+prints.
 
     python -m experiments.study_reproduce                       # the protocol's check: seeds 100-103 of sync, async-G4
     python -m experiments.study_reproduce --jobs 2              # the same, the runs split over two processes
-    python -m experiments.study_reproduce --cells sync --seeds 100 --out /tmp/check.json
+    python -m experiments.study_reproduce --check               # no runs: diff the committed re-runs with the originals
+    python -m experiments.study_reproduce --cells sync --seeds 100 --reruns /tmp/r --out /tmp/check.json
     python -m experiments.study_reproduce --merge a.json b.json # one result from parts made at one commit
 """
 
@@ -25,7 +28,7 @@ from esjax.rundir.metrics import read_metrics, untimed
 from experiments.lib import REPO
 from experiments.lib.grid import DATASETS, all_cells, run_cell
 from experiments.lib.records import compact_run
-from experiments.lib.study import DATA, RECORDS, REPRODUCIBILITY
+from experiments.lib.study import DATA, RECORDS, REPRODUCIBILITY, RERUNS
 
 
 def untimed_records(run_dir: Path) -> list[dict]:
@@ -59,15 +62,37 @@ def differences(committed: Path, fresh: Path) -> list[str]:
     return found
 
 
-def reproduce(cell_name: str, seed: int, scratch: Path, records: Path = RECORDS, data: str = DATA) -> list[str]:
-    """Re-run one committed (cell, seed) with its recorded overrides into ``scratch`` and compare."""
+def reproduce(cell_name: str, seed: int, reruns: Path = RERUNS, records: Path = RECORDS, data: str = DATA) -> list[str]:
+    """Re-run one committed (cell, seed) with its recorded overrides into ``reruns`` (kept, compacted; a finished
+    re-run there is kept as it is) and compare."""
     committed = records / data / cell_name / f"seed{seed}"
-    grid = json.loads((committed / "grid.json").read_text())
-    cell = next(c for c in all_cells() if c.name == cell_name)
-    run_dir = scratch / cell_name / f"seed{seed}"
-    run_cell(cell, seed, run_dir, DATASETS[data], grid["overrides"])
-    compact_run(run_dir)
+    run_dir = reruns / data / cell_name / f"seed{seed}"
+    if not (run_dir / "summary.md").is_file():
+        grid = json.loads((committed / "grid.json").read_text())
+        cell = next(c for c in all_cells() if c.name == cell_name)
+        run_cell(cell, seed, run_dir, DATASETS[data], grid["overrides"])
+        compact_run(run_dir)
     return differences(committed, run_dir)
+
+
+def rerun_commit(run_dir: Path) -> str:
+    """The commit a re-run was made at (its run.json)."""
+    return (json.loads((run_dir / "run.json").read_text()).get("git_commit") or "unknown")[:7]
+
+
+def check(reruns: Path = RERUNS, records: Path = RECORDS, data: str = DATA) -> dict:
+    """The result from the kept re-runs alone (nothing is run): each against its committed original."""
+    run_dirs = sorted((reruns / data).glob("*/seed*/summary.md"))
+    if not run_dirs:
+        raise SystemExit(f"--check: no finished re-run under {reruns / data}")
+    lines, commits = [], set()
+    for marker in run_dirs:
+        run_dir = marker.parent
+        cell, seed = run_dir.parent.name, int(run_dir.name.removeprefix("seed"))
+        diff = differences(records / data / cell / run_dir.name, run_dir)
+        lines.append(f"{cell} seed {seed}: " + ("; ".join(diff) if diff else IDENTICAL))
+        commits.add(rerun_commit(run_dir))
+    return result(", ".join(sorted(commits)), lines)
 
 
 def _commit() -> str:
@@ -94,7 +119,7 @@ def merge(parts: list[Path]) -> dict:
     return result(commits.pop(), [line for part in loaded for line in part["lines"][1:]])
 
 
-def _in_parallel(cells: list[str], seeds: list[int], jobs: int) -> dict:
+def _in_parallel(cells: list[str], seeds: list[int], jobs: int, reruns: Path) -> dict:
     """Split the re-runs over ``jobs`` processes of this script, started as this one was (by cell, or by seed when
     there are fewer cells), one part file each, then merge the parts."""
     split = ([(cells[j::jobs], seeds) for j in range(jobs)] if len(cells) >= jobs
@@ -103,7 +128,7 @@ def _in_parallel(cells: list[str], seeds: list[int], jobs: int) -> dict:
         parts = [Path(tmp) / f"part{j}.json" for j in range(len(split))]
         script = ["-m", __spec__.name] if __spec__ else [__file__]
         procs = [subprocess.Popen([sys.executable, *script, "--cells", ",".join(c), "--seeds", ",".join(map(str, s)),
-                                   "--out", str(part)]) for (c, s), part in zip(split, parts)]
+                                   "--reruns", str(reruns), "--out", str(part)]) for (c, s), part in zip(split, parts)]
         codes = [p.wait() for p in procs]
         if any(code not in (0, 1) for code in codes):  # 1: a difference found, which the merged result reports
             raise SystemExit(f"a re-run process failed (exit codes {codes})")
@@ -117,20 +142,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPRODUCIBILITY)
     parser.add_argument("--jobs", type=int, default=1, help="processes to split the re-runs over (by cell)")
     parser.add_argument("--merge", type=Path, nargs="+", help="write one result from these part files instead")
+    parser.add_argument("--reruns", type=Path, default=RERUNS, help="where the re-runs' records are kept")
+    parser.add_argument("--check", action="store_true", help="run nothing: compare the kept re-runs with the originals")
     args = parser.parse_args(argv)
     cells, seeds = args.cells.split(","), [int(s) for s in args.seeds.split(",")]
-    if args.merge:
+    if args.check:
+        out = check(args.reruns)
+        print("\n".join(out["lines"][1:]))
+    elif args.merge:
         out = merge(args.merge)
     elif args.jobs > 1:
-        out = _in_parallel(cells, seeds, args.jobs)
+        out = _in_parallel(cells, seeds, args.jobs, args.reruns)
     else:
         runs = []
-        with tempfile.TemporaryDirectory() as scratch:
-            for cell in cells:
-                for seed in seeds:
-                    diff = reproduce(cell, seed, Path(scratch))
-                    runs.append(f"{cell} seed {seed}: " + ("; ".join(diff) if diff else IDENTICAL))
-                    print(runs[-1], flush=True)
+        for cell in cells:
+            for seed in seeds:
+                diff = reproduce(cell, seed, args.reruns)
+                runs.append(f"{cell} seed {seed}: " + ("; ".join(diff) if diff else IDENTICAL))
+                print(runs[-1], flush=True)
         out = result(_commit(), runs)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(out["lines"][0])

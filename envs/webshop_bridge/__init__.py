@@ -1,5 +1,7 @@
 """WebShop-compatible text environment: WebShop's pages, actions and reward, with in-process BM25
-search and no Java, Flask, spaCy or network. Imports nothing from ``esjax``.
+search and no Java, Flask, spaCy or network. WebShop as an esjax task is :mod:`.task`; from esjax the bridge
+takes only what every task shares (``esjax.task``, ``esjax.errors.TaskError``, ``esjax.loop.envpool``), and esjax
+imports nothing from it.
 
 Typical use::
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from esjax.errors import TaskError
 
-class DataError(ValueError):
-    """A data file is missing, unreadable or has a field of the wrong shape.
+
+class DataError(TaskError):
+    """A data file is missing, unreadable or has a field of the wrong shape (a :class:`esjax.errors.TaskError`, so
+    esjax's command-line programs print it as one line; still a ``ValueError``).
 
     The message always names the file and, where there is one, the record and field, because a
     traceback from deep inside a loader is useless to someone fixing a 1 GB JSON file.

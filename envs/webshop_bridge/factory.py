@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from .pool import InProcessEnvPool
 from .shop import Shop, load_webshop
 from .synthetic import synthetic_shop
 
@@ -48,3 +49,9 @@ def get_shop(spec: ShopSpec) -> Shop:
         if shop is None:
             shop = _SHOPS[spec] = spec.build()
         return shop
+
+
+def pool_of(spec: ShopSpec, n: int, **env_kwargs) -> InProcessEnvPool:
+    """``n`` sessions in this process over the process-wide shop of ``spec``: what a Ray actor or a worker process
+    builds its share of a pool with (``functools.partial(pool_of, spec)`` is a picklable recipe)."""
+    return InProcessEnvPool(get_shop(spec), n, **env_kwargs)

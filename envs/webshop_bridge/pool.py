@@ -3,11 +3,11 @@
 ``InProcessEnvPool`` keeps every session in this process (one catalog and index, as DESIGN.md asks).
 :class:`~envs.webshop_bridge.process_pool.ProcessEnvPool` splits sessions across worker processes that each
 build the shop from a picklable :class:`ShopSpec` (once per worker) — for CPU-heavy use where one core cannot
-keep up. Both (and
-``esjax.parallel.envpool_ray.RayEnvPool``) share one batched API, the one the trainer's rollout engine drives
-(``esjax.loop.protocols.EnvPool``): ``reset_rows(rows, goals)``, ``step(actions, timeout=None)`` with one
-action per session (None = leave that session alone this tick), ``available_actions(rows)`` and
-``instructions(rows)``, each answering in row order; ``reset(goals)`` resets every session.
+keep up. Both (and ``esjax.parallel.envpool_ray.RayEnvPool``) share one batched API, the one the trainer's
+rollout engine drives (``esjax.loop.protocols.EnvPool``): ``reset_rows(rows, goals)``, ``step(actions,
+timeout=None)`` with one action per session (None = leave that session alone this tick),
+``available_actions(rows)`` and ``instructions(rows)``, each answering in row order; ``reset(goals)`` resets every
+session. Their row answers are esjax's (:mod:`esjax.loop.envpool`).
 
 A session whose step raises, or takes longer than ``timeout`` seconds, fails alone: that row comes back
 ``done`` with reward 0 and ``info['failure']`` naming why (``'error: ...'`` / ``'timeout: ...'``), the
@@ -20,40 +20,14 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
-from types import MappingProxyType
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
+from esjax.loop.envpool import RowStep, StepResult, collect_step, failed_step
+
 from .env import WebShopTextEnv
 from .shop import Shop
-
-StepResult = tuple[list[str], np.ndarray, np.ndarray, list[dict]]
-#: One stepped row: (observation, reward, done, info); a failed row has ``info['failure']``.
-RowStep = tuple[str, float, bool, dict]
-
-
-def failed_step(reason: str) -> RowStep:
-    """The result of a row whose step failed: no observation, done, reward 0, ``info['failure'] = reason``."""
-    return "", 0.0, True, {"failure": reason}
-
-
-#: The info of a row a step left alone: one read-only mapping shared by every such row, because a pipelined tick
-#: steps a few rows of a large pool many times per tick, and a fresh dict per pool row per call fed the garbage
-#: collector (3 ms per call with ~750 rows in `benchmarks/rollout.py --simulate-device`).
-SKIPPED: Mapping[str, Any] = MappingProxyType({"skipped": True})
-
-
-def collect_step(n: int, live: Sequence[tuple[int, str]], outs: Sequence[RowStep], obs: list[str],
-                 done: np.ndarray) -> StepResult:
-    """A pool's ``step`` answer from the rows it stepped (``live``: (row, action), ``outs`` in the same order);
-    updates the pool's last observations ``obs`` and ``done`` flags in place."""
-    rewards = np.zeros(n)
-    infos: list = [SKIPPED] * n
-    for (i, _), (observation, reward, finished, info) in zip(live, outs):
-        obs[i], rewards[i], done[i], infos[i] = observation, reward, finished, info
-    return list(obs), rewards, done.copy(), infos
 
 
 class InProcessEnvPool:

@@ -14,8 +14,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from esjax.loop.envpool import StepResult, collect_step, failed_step
+
 from .factory import ShopSpec, get_shop
-from .pool import InProcessEnvPool, StepResult, collect_step, failed_step
+from .pool import InProcessEnvPool
 
 
 def _worker(conn, spec: ShopSpec, n: int, env_kwargs: dict) -> None:

@@ -56,6 +56,17 @@ class LoadedPolicy:
         template, special = self.chat_template, dict(self.special_tokens)
         return lambda messages: render_chat(template, messages, True, **special)
 
+    def stop_token_ids(self) -> list[int]:
+        """The tokens that end a written reply: config.json's end-of-sequence ids and the tokenizer's own
+        (``eos_token`` and the usual chat-turn ends), sorted."""
+        stop = set(self.config.eos_token_ids)
+        for name in ("eos_token", "<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+            token = self.special_tokens.get(name, name) if name == "eos_token" else name
+            token_id = self.tokenizer.token_to_id(token) if isinstance(token, str) else None
+            if token_id is not None:
+                stop.add(int(token_id))
+        return sorted(stop)
+
 
 def load_policy(source: str, path: str | None = None, dtype: str = "float32", *,
                 random_config: Mapping[str, Any] | None = None, seed: int = 0,

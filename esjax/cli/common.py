@@ -5,12 +5,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from envs.webshop_bridge.errors import DataError
 from esjax.errors import EsjaxError, UserError
 
-#: What run_cli reports in one line: every esjax user error, the data loader's, and missing / unreadable paths.
-USER_ERRORS: tuple[type[BaseException], ...] = (EsjaxError, DataError, FileNotFoundError, NotADirectoryError,
-                                                 PermissionError)
+#: What run_cli reports in one line: every esjax user error (a task's input errors among them:
+#: :class:`esjax.errors.TaskError`), and missing / unreadable paths.
+USER_ERRORS: tuple[type[BaseException], ...] = (EsjaxError, FileNotFoundError, NotADirectoryError, PermissionError)
 
 __all__ = ["USER_ERRORS", "UserError", "run_cli"]
 

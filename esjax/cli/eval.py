@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "esjax.json when written by esjax.export)")
     parser.add_argument("--config", help="config for --model runs (env and agent sections); its keys override "
                                          "the export's esjax.json; default settings otherwise")
-    parser.add_argument("--data", help="'synthetic' or a WebShop data folder (default: the run's / config's)")
+    parser.add_argument("--data", help="env.data: WebShop's 'synthetic' or a WebShop data folder (default: the run's / "
+                                       "config's)")
     parser.add_argument("--split", default=None, choices=["test", "eval", "train"], help="goal split")
     parser.add_argument("--goals", type=int, default=None, help="number of goals (default: the config's)")
     parser.add_argument("--goal-set", default=None, choices=["templated", "human", "synthetic"],
@@ -74,22 +75,16 @@ def _lookup(tree: dict[str, Any], dotted: str) -> Any:
     return node
 
 
-def _applies(key: str, data: str) -> bool:
-    """Whether an env key means anything for this dataset: the catalog size only for the synthetic shop, the
-    WebShop goal set only for real data."""
-    if key == "env.num_products":
-        return data == "synthetic"
-    return not (key in ("env.goals", "env.human_file") and data == "synthetic")
-
-
 def _settings_line(config: Any, base: dict[str, Any], user_set: dict[str, str], path: Path) -> str:
     """``settings from DIR/esjax.json: env.data=..., ...; overridden: env.eval_goals=8 (--goals)``."""
-    from esjax.cli.export import EVAL_KEYS
+    from esjax.cli.export import eval_keys
+    from esjax.train.parts import build_task
 
+    task = build_task(config.env)
     dumped = config.model_dump(mode="json")
     used, overridden = [], []
-    for key in EVAL_KEYS:
-        if not _applies(key, config.env.data):
+    for key in eval_keys(config):
+        if not task.applies(key):
             continue
         value = _lookup(dumped, key)
         if key in user_set:
@@ -104,9 +99,9 @@ def _settings_line(config: Any, base: dict[str, Any], user_set: dict[str, str], 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from esjax.config import goal_set_label, key_paths, load_config, read_yaml
+    from esjax.config import key_paths, load_config, read_yaml
     from esjax.rundir.directory import resume_config
-    from esjax.train.parts import build_agent, build_policy, build_shop, held_out_goals, load_run, resolve_prompt_style
+    from esjax.train.parts import build_agent, build_policy, held_out_goals, load_run, load_task, resolve_prompt_style
 
     overrides = []
     user_set: dict[str, str] = {}  # key -> the flag that set it
@@ -118,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             user_set[key] = flag
     if args.run_dir:
         config = resume_config(args.run_dir, overrides)
-        shop, policy, params, version = load_run(args.run_dir, config)
+        task, policy, params, version = load_run(args.run_dir, config)
         what = f"{args.run_dir} (version {version})"
     else:
         if not Path(args.model).expanduser().is_dir():
@@ -140,20 +135,20 @@ def main(argv: list[str] | None = None) -> int:
             if run_eval.get("score") is not None:
                 print(f"the run ({origin.get('run_dir')}) scored {run_eval['score']:.1f} at version "
                       f"{run_eval.get('version')} on {run_eval.get('goals')} goals", file=sys.stderr)
-        shop = build_shop(config.env)
-        policy = build_policy(config.model, shop, config.run.seed)
+        task = load_task(config.env)
+        policy = build_policy(config.model, task, config.run.seed)
         params, what = policy.params, args.model
-    goals = held_out_goals(config.env, shop)
+    goals = held_out_goals(config.env, task)
     if not goals:
-        raise UserError(f"env.eval_split: no {config.env.eval_split!r} goals in this shop")
+        raise UserError(f"env.eval_split: no {config.env.eval_split!r} goals in {task.data_name()}")
     style = resolve_prompt_style(config.agent, policy, config.model.source)
-    print(f"evaluating {what} on {len(goals)} {config.env.eval_split} {goal_set_label(config.env)} goals of "
-          f"{shop.name}, max "
+    which = " ".join(filter(None, (config.env.eval_split, task.goal_label())))
+    print(f"evaluating {what} on {len(goals)} {which} goals of {task.data_name()}, max "
           f"{config.env.max_steps} steps, prompt style {style}", file=sys.stderr)
     from esjax.train.standalone_eval import evaluate_policy
 
-    agent = build_agent(config.agent, policy, config.model.source)
-    result = evaluate_policy(policy.config, params, agent, shop, goals, config.env.max_steps,
+    agent = build_agent(config.agent, policy, config.model.source, task)
+    result = evaluate_policy(policy.config, params, agent, task.pool, goals, config.env.max_steps,
                              traces=bool(args.traces), max_new_tokens=config.agent.max_new_tokens)
     traces = result.pop("traces", None)
     if traces is not None:
@@ -168,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
     else:
         print(f"{what}: score {result['score']:.1f}, success rate {100 * result['success_rate']:.1f}% "
-              f"on {result['goals']} {config.env.eval_split} {goal_set_label(config.env)} goals ({shop.name})")
+              f"on {result['goals']} {which} goals ({task.data_name()})")
     return 0
 
 

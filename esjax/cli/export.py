@@ -17,10 +17,18 @@ from esjax.cli.common import run_cli
 #: the run settings written beside an exported model (read by ``esjax.eval --model``)
 SETTINGS_FILE = "esjax.json"
 SETTINGS_FORMAT = 1
-#: the settings ``esjax.eval`` uses, in the order it prints them
-EVAL_KEYS = ("env.data", "env.num_products", "env.catalog_seed", "env.goals", "env.human_file", "env.eval_split",
-             "env.eval_goals", "env.max_steps", "agent.prompt_style", "agent.score_norm", "agent.max_prompt_tokens",
-             "agent.max_candidate_tokens", "model.dtype")
+#: the settings ``esjax.eval`` uses besides the task's own ``env`` keys (:func:`eval_keys`), in the order it prints them
+EVAL_KEYS = ("env.eval_split", "env.eval_goals", "env.max_steps", "agent.prompt_style", "agent.score_norm",
+             "agent.max_prompt_tokens", "agent.max_candidate_tokens", "model.dtype")
+
+
+def eval_keys(config: Any) -> tuple[str, ...]:
+    """The settings ``esjax.eval`` uses, in the order it prints them: the task's own ``env`` keys (its ``Options``),
+    ``env.task``, then :data:`EVAL_KEYS`."""
+    from esjax.train.parts import build_task
+
+    options = build_task(config.env).Options.model_fields
+    return (*(f"env.{key}" for key in options), "env.task", *EVAL_KEYS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,13 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
 def run_settings(config: Any, policy: Any) -> dict[str, Any]:
     """The config sections an evaluation of this run's policy needs: the whole ``env`` and ``agent`` sections
     (``agent.prompt_style`` with ``auto`` resolved, since a reloaded export is an HF model and ``auto`` could
-    then pick another style; a data folder made absolute) and ``model.dtype``."""
-    from envs.webshop_bridge import PACKAGED_DATA
-    from esjax.train.parts import resolve_prompt_style
+    then pick another style; the task's data paths made absolute, :meth:`esjax.task.Task.portable_env`) and
+    ``model.dtype``."""
+    from esjax.train.parts import build_task, resolve_prompt_style
 
-    env = config.env.model_dump(mode="json")
-    if env["data"] != "synthetic" and env["data"] not in PACKAGED_DATA:
-        env["data"] = str(Path(env["data"]).expanduser().resolve())
+    env = build_task(config.env).portable_env(config.env.model_dump(mode="json"))
     agent = config.agent.model_dump(mode="json")
     agent["prompt_style"] = resolve_prompt_style(config.agent, policy, config.model.source)
     return {"env": env, "agent": agent, "model": {"dtype": config.model.dtype}}

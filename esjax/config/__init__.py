@@ -12,7 +12,6 @@ from esjax.config.loading import (
 )
 from esjax.config.schema import (
     DEFAULT_SCHEDULE,
-    GOAL_SET_ALIASES,
     MAX_CONCURRENT_EPISODES,
     MAX_SEED,
     AdamOptimizer,
@@ -32,13 +31,13 @@ from esjax.config.schema import (
     ScheduleSection,
     SGDOptimizer,
     SyncSchedule,
-    goal_set_label,
+    env_section,
 )
 
 __all__ = [
-    "DEFAULT_SCHEDULE", "GOAL_SET_ALIASES", "MAX_CONCURRENT_EPISODES", "MAX_SEED", "AdamOptimizer", "AgentSection",
+    "DEFAULT_SCHEDULE", "MAX_CONCURRENT_EPISODES", "MAX_SEED", "AdamOptimizer", "AgentSection",
     "AllStaleSchedule", "AsyncSchedule", "Config", "ConfigError", "ControlledSchedule", "ESSection", "EnvSection",
     "ExtremeLagSchedule", "MeshSection", "ModelSection", "OptimizerSection", "Origins", "RunSection",
-    "SGDOptimizer", "ScheduleSection", "SyncSchedule", "config_from_dict", "config_to_yaml", "goal_set_label",
+    "SGDOptimizer", "ScheduleSection", "SyncSchedule", "config_from_dict", "config_to_yaml", "env_section",
     "key_paths", "load_config", "parse_override", "read_yaml",
 ]

@@ -6,6 +6,7 @@ The schema it validates against is :mod:`esjax.config.schema`.
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import difflib
 import re
@@ -17,9 +18,12 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from esjax.config.schema import Config, ConfigError
+from esjax.config.schema import Config, ConfigError, EnvSection, env_section_of
+from esjax.errors import TaskError
 
 Origins = dict[tuple[str, ...], str]  # key path -> the file (or --set) that set it
+#: The ``env`` section model of the config being reported on (its task's keys included), for key paths and hints.
+_ENV_SECTION: contextvars.ContextVar[type[BaseModel]] = contextvars.ContextVar("env_section", default=EnvSection)
 
 
 class _Loader(yaml.SafeLoader):
@@ -115,6 +119,8 @@ def _section_of(model: type[BaseModel] | None, name: str) -> tuple[type[BaseMode
     field = model.model_fields.get(name) if model is not None else None
     if field is None:
         return None, None
+    if model is Config and name == "env":  # the task's section, with its own keys
+        return _ENV_SECTION.get(), None
     kinds = _kinds(field)
     if kinds is not None:
         return None, kinds
@@ -236,7 +242,16 @@ def config_from_dict(raw: dict[str, Any], source: str = "<config>", origins: Ori
     try:
         return Config.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_format_validation_error(err, source, origins)) from None
+        try:
+            env = env_section_of(raw.get("env"))
+        except TaskError:
+            env = EnvSection
+        token = _ENV_SECTION.set(env)
+        try:
+            message = _format_validation_error(err, source, origins)
+        finally:
+            _ENV_SECTION.reset(token)
+        raise ConfigError(message) from None
 
 
 def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ overrides into it and reports errors.
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -30,14 +31,17 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializeAsAny,
     SerializerFunctionWrapHandler,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_serializer,
     model_validator,
 )
 
-from esjax.errors import EsjaxError
+from esjax.errors import EsjaxError, TaskError
 from esjax.es.step import ESConfig
+from esjax.task import DEFAULT_TASK, Task, task_class
 
 MAX_SEED = 2**32 - 1
 Patterns = Annotated[tuple[str, ...], Field(strict=False)]  # a YAML list becomes the tuple
@@ -47,7 +51,7 @@ class ConfigError(EsjaxError, ValueError):
     """A configuration problem a user can fix; the message is one line and names the key."""
 
 
-def _path_problem(text: str, want: str) -> str | None:
+def path_problem(text: str, want: str) -> str | None:
     """Why ``text`` is not an existing ``want`` ('dir', 'file' or 'any') path, or None if it is one.
 
     Odd paths (a NUL byte, a name too long for the OS, ``~unknownuser``) are "not found", never an exception."""
@@ -121,10 +125,10 @@ class ModelSection(_Section):
         if self.source == "hf":
             if not self.path:
                 raise ValueError("model.path: required when model.source is 'hf'")
-            if _path_problem(self.path, "dir") is not None:
+            if path_problem(self.path, "dir") is not None:
                 raise ValueError(f"model.path: {self.path[:200]!r} is not a directory")
             folder = Path(self.path).expanduser()
-            if _path_problem(str(folder / "config.json"), "file") is not None:
+            if path_problem(str(folder / "config.json"), "file") is not None:
                 raise ValueError(f"model.path: {folder} has no config.json")
         return self
 
@@ -321,32 +325,14 @@ ScheduleSection = Annotated[SyncSchedule | AsyncSchedule | ControlledSchedule | 
 DEFAULT_SCHEDULE = AsyncSchedule()
 
 
-#: Deprecated names of env.goals values: ``synthetic`` was WebShop's templated goal set (items_ins_v2).
-GOAL_SET_ALIASES = {"synthetic": "templated"}
-
-
-def goal_set_label(env: EnvSection) -> str:
-    """What the evaluated goals are, for printed lines: ``templated`` / ``human`` WebShop goals, or the
-    synthetic shop's own (env.goals does not apply to it)."""
-    return "synthetic-shop" if env.data == "synthetic" else env.goals
-
-
 class EnvSection(_Section):
-    """Where episodes come from."""
+    """Where episodes come from: the task (``env.task``) and the keys every task has. A task's own keys (WebShop's
+    ``data``, ``catalog_seed``, ``goals``, ...) come from its :attr:`esjax.task.Task.Options` and are validated in
+    the same section (:func:`env_section`)."""
 
-    data: str = Field("synthetic", description="'synthetic', 'webshop_small' (the packaged real 1,000-product set) "
-                                               "or a folder with WebShop data files")
-    num_products: int = Field(300, ge=10, le=10_000_000, description="the synthetic shop's catalog size "
-                                                                       "(env.data: synthetic only; a WebShop set "
-                                                                       "uses all its products)")
-    catalog_seed: int = Field(0, ge=0, le=MAX_SEED)
-    goals: Literal["templated", "human"] = Field(
-        "templated", description="WebShop's goal set (real data): templated (WebShop's instructions built from the "
-                                 "attribute file items_ins_v2, the default) or human (items_human_ins.json: the "
-                                 "instructions WebShop's published test scores use); 'synthetic' is a deprecated "
-                                 "name of templated. The synthetic shop (env.data: synthetic) has its own goals")
-    human_file: str | None = Field(None, description="items_human_ins.json for env.goals=human (default: the one in "
-                                                     "the env.data folder)")
+    task: str = Field(DEFAULT_TASK, min_length=1, description="the task: a registered name (webshop, babyai) or a "
+                                                             "dotted path 'package.module:Name' of an esjax.task.Task "
+                                                             "subclass")
     tasks_per_member: int = Field(4, ge=1, le=100_000, description="goals in each version's task batch")
     max_steps: int = Field(10, ge=1, le=100_000, description="episode step cap")
     eval_goals: int = Field(200, ge=1, le=1_000_000, description="held-out goals per evaluation")
@@ -364,32 +350,35 @@ class EnvSection(_Section):
     ray_address: str | None = Field(None, description="Ray cluster of env.pool: ray (e.g. 'auto' or "
                                                       "'ray://head:10001'); null: RAY_ADDRESS, else a local Ray")
 
-    @field_validator("goals", mode="before")
-    @classmethod
-    def _goals_alias(cls, value: Any) -> Any:
-        """``synthetic``, the name before ``templated``: old config.yaml files and exports still load and resume
-        (it never meant the synthetic shop)."""
-        return GOAL_SET_ALIASES.get(value, value) if isinstance(value, str) else value
 
-    @model_validator(mode="after")
-    def _check(self) -> EnvSection:
-        from envs.webshop_bridge.shop import PACKAGED_DATA
+@functools.cache
+def env_section(task: type[Task]) -> type[EnvSection]:
+    """The ``env`` section of a task: the keys every task has (:class:`EnvSection`) and the task's own
+    (``task.Options``), in one model with the strict rules of every section; the options' validators see the whole
+    section."""
+    options = task.Options
+    shared = set(EnvSection.model_fields) & set(options.model_fields)
+    if shared:
+        raise TaskError(f"env.task: {task.__name__}.Options redefines env keys every task has: "
+                        f"{', '.join(sorted(shared))}")
 
-        if self.data not in ("synthetic", *PACKAGED_DATA) and _path_problem(self.data, "dir") is not None:
-            problem = _path_problem(self.data, "any") or "is not a directory"
-            raise ValueError(f"env.data: {self.data[:200]!r} {problem} "
-                             f"(expected 'synthetic', {', '.join(map(repr, PACKAGED_DATA))} or a data folder)")
-        if self.goals == "human" and self.data == "synthetic":
-            raise ValueError("env.goals: 'human' needs real WebShop data (env.data: a folder with "
-                             "items_human_ins.json); the synthetic shop has only its own generated goals")
-        if self.human_file is not None and (problem := _path_problem(self.human_file, "file")) is not None:
-            raise ValueError(f"env.human_file: {self.human_file[:200]!r} {problem}")
-        return self
+    class TaskEnvSection(EnvSection, options):  # type: ignore[misc, valid-type]
+        model_config = _Section.model_config
+
+    TaskEnvSection.__name__ = TaskEnvSection.__qualname__ = f"{task.__name__}EnvSection"
+    return TaskEnvSection
+
+
+def env_section_of(raw: Any) -> type[EnvSection]:
+    """The ``env`` section model of a raw ``env`` mapping (its ``task``, default :data:`DEFAULT_TASK`); raises
+    :class:`~esjax.errors.TaskError` naming ``env.task`` when the task cannot be found."""
+    name = raw.get("task", DEFAULT_TASK) if isinstance(raw, dict) else DEFAULT_TASK
+    return env_section(task_class(name if isinstance(name, str) else DEFAULT_TASK))
 
 
 class AgentSection(_Section):
-    """How the policy picks actions: by scoring each valid action's description (score mode, see
-    esjax.agent.webshop), or by writing the action as text (generate mode, see esjax.agent.generate_agent)."""
+    """How the policy picks actions: by scoring each valid action's description (score mode), or by writing the
+    action as text (generate mode); the task supplies the agent of each mode (:class:`esjax.task.Task`)."""
 
     mode: Literal["score", "generate"] = Field(
         "score", description="score: the policy ranks candidate action descriptions; generate: it writes each action "
@@ -444,7 +433,7 @@ class Config(_Section):
     model: ModelSection = ModelSection()
     es: ESSection = ESSection()
     schedule: ScheduleSection = DEFAULT_SCHEDULE
-    env: EnvSection = EnvSection()
+    env: SerializeAsAny[EnvSection] = Field(default_factory=lambda: env_section_of({})())
     agent: AgentSection = AgentSection()
     mesh: MeshSection = MeshSection()
 
@@ -455,6 +444,14 @@ class Config(_Section):
         if isinstance(data, dict) and isinstance(data.get("schedule"), dict) and "kind" not in data["schedule"]:
             data = {**data, "schedule": {"kind": DEFAULT_SCHEDULE.kind, **data["schedule"]}}
         return data
+
+    @field_validator("env", mode="wrap")
+    @classmethod
+    def _task_env(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """An ``env`` mapping is validated as its task's section (:func:`env_section`)."""
+        if isinstance(value, dict) and isinstance(value.get("task", DEFAULT_TASK), str):
+            return env_section_of(value).model_validate(value)
+        return handler(value)
 
     @model_validator(mode="after")
     def _check(self) -> Config:

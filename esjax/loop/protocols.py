@@ -1,8 +1,9 @@
 """The seams of the training loop, as Protocols: what the rollout engine needs of an env pool and of an agent.
 
-A new task plugs in by implementing these (the WebShop bridge's ``EnvPool``, ``esjax.agent.webshop.WebShopAgent``
-(score mode) and ``esjax.agent.generate_agent.GenerateAgent`` (generate mode) are the reference implementations); the
-loop itself never imports a task. The staleness schedule's seam is :class:`esjax.loop.staleness.Schedule`.
+A task (:class:`esjax.task.Task`) supplies objects that implement these (the WebShop bridge's ``InProcessEnvPool``,
+``esjax.agent.webshop.WebShopAgent`` (score mode) and ``esjax.agent.generate_agent.GenerateAgent`` (generate mode) are
+the reference implementations); the loop itself never imports a task. The staleness schedule's seam is
+:class:`esjax.loop.staleness.Schedule`.
 """
 
 from __future__ import annotations

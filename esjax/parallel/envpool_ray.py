@@ -1,10 +1,10 @@
-"""A Ray-backed env pool: WebShop sessions on other machines, same interface as the in-process pool.
+"""A Ray-backed env pool: any task's sessions on other machines, same interface as the in-process pool.
 
 Why: a policy forward on accelerators can outpace what one host's CPUs step (and the full 1.18 M-product
-catalog takes many GB of RAM per copy). ``RayEnvPool`` keeps sessions in Ray actors — each actor builds
-the shop once from a picklable :class:`~envs.webshop_bridge.factory.ShopSpec` and holds an
-:class:`~envs.webshop_bridge.pool.InProcessEnvPool` — placed anywhere in a Ray cluster, while the trainer's rollout
-engine drives it through the batched API the in-process ``InProcessEnvPool`` and ``ProcessEnvPool`` share
+WebShop catalog takes many GB of RAM per copy). ``RayEnvPool`` keeps sessions in Ray actors — each actor builds
+one in-process pool of its share of the sessions from a picklable recipe (``make_pool(n)``: the task's
+:meth:`esjax.task.Task.pool_recipe`, e.g. WebShop's ``functools.partial(pool_of, spec)``) — placed anywhere in a
+Ray cluster, while the trainer's rollout engine drives it through the batched API every pool shares
 (``esjax.loop.protocols.EnvPool``: ``reset_rows``, ``step``, ``available_actions``, ``instructions``).
 Session ``i`` lives on actor ``i % workers``; every call fans out to all actors at once and gathers in
 session order. ``env.pool: ray`` in a run config builds one.
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from envs.webshop_bridge.pool import RowStep, StepResult, collect_step, failed_step
 from esjax.errors import EsjaxError
+from esjax.loop.envpool import RowStep, StepResult, collect_step, failed_step, step_rows
+from esjax.loop.protocols import EnvPool
 
 
 class RayUnavailable(EsjaxError, ImportError):
@@ -38,19 +39,16 @@ def _ray() -> Any:
 
 
 class _Sessions:
-    """The actor body: one InProcessEnvPool of ``n`` sessions over the shop of ``spec`` (built once per actor)."""
+    """The actor body: one in-process pool of ``n`` sessions, ``make_pool(n)`` (built once per actor)."""
 
-    def __init__(self, spec: Any, n: int, env_kwargs: dict[str, Any]) -> None:
-        from envs.webshop_bridge.factory import get_shop
-        from envs.webshop_bridge.pool import InProcessEnvPool
-
-        self.pool = InProcessEnvPool(get_shop(spec), n, **env_kwargs)
+    def __init__(self, make_pool: Callable[[int], EnvPool], n: int) -> None:
+        self.pool = make_pool(n)
 
     def reset(self, items: list[tuple[int, int | None]], _: None = None) -> list[tuple[str, dict]]:
         return self.pool.reset_rows([i for i, _ in items], [g for _, g in items])
 
     def step(self, items: list[tuple[int, str]], timeout: float | None = None) -> list[RowStep]:
-        return self.pool.step_rows(items, timeout)
+        return step_rows(self.pool, items, timeout)
 
     def available(self, items: list[tuple[int, None]], _: None = None) -> list[dict]:
         return self.pool.available_actions([i for i, _ in items])
@@ -60,17 +58,17 @@ class _Sessions:
 
 
 class RayEnvPool:
-    """``n`` WebShop sessions spread over ``workers`` Ray actors (the ``esjax.loop.protocols.EnvPool`` interface).
+    """``n`` env sessions spread over ``workers`` Ray actors (the ``esjax.loop.protocols.EnvPool`` interface).
 
     Args:
-      spec: a ``ShopSpec`` (picklable recipe; the data path must exist on the actors' machines).
+      make_pool: a picklable recipe, ``make_pool(k)`` -> an in-process pool of ``k`` sessions (the task's
+        :meth:`esjax.task.Task.pool_recipe`; whatever data it reads must exist on the actors' machines).
       n: number of sessions.
       workers: number of actors (``min(workers, n)``).
       address: Ray cluster address for ``ray.init`` when Ray is not initialized yet (None: local Ray, or the
         ``RAY_ADDRESS`` environment variable).
       actor_options: ``.options(...)`` for every actor, e.g. ``{"num_cpus": 2, "resources": {"cpu_node": 1}}``.
       timeout: seconds to wait for any call (a dead or stuck actor raises instead of hanging the trainer).
-      env_kwargs: passed to every ``WebShopTextEnv``.
 
     A ``step`` with a ``timeout`` is timed in the actor, session by session, as on the in-process pool. An actor
     that dies during a step, or does not answer within ``timeout`` × (its stepped sessions + 1) seconds, is
@@ -78,8 +76,8 @@ class RayEnvPool:
     failed (``info['failure']``), and every session it held must be reset before it is stepped again.
     """
 
-    def __init__(self, spec: Any, n: int, workers: int = 4, *, address: str | None = None,
-                 actor_options: dict[str, Any] | None = None, timeout: float = 600.0, **env_kwargs: Any) -> None:
+    def __init__(self, make_pool: Callable[[int], EnvPool], n: int, workers: int = 4, *, address: str | None = None,
+                 actor_options: dict[str, Any] | None = None, timeout: float = 600.0) -> None:
         if n < 1 or workers < 1:
             raise ValueError(f"RayEnvPool: n and workers must be >= 1, got n={n}, workers={workers}")
         ray = self._ray = _ray()
@@ -90,15 +88,14 @@ class RayEnvPool:
         self.n, self.workers, self.timeout = n, min(workers, n), float(timeout)
         self._actor_cls = ray.remote(_Sessions)
         self._options = dict(actor_options or {"num_cpus": 1})
-        self._spec, self._env_kwargs, self.restarts = spec, dict(env_kwargs), 0
+        self._make_pool, self.restarts = make_pool, 0
         self._actors = [self._new_actor(w) for w in range(self.workers)]
-        self._get([a.instructions.remote([]) for a in self._actors])  # wait until every shop is built
+        self._get([a.instructions.remote([]) for a in self._actors])  # wait until every actor's pool is built
         self._obs = [""] * n
         self._done = np.zeros(n, dtype=bool)
 
     def _new_actor(self, w: int) -> Any:
-        return self._actor_cls.options(**self._options).remote(self._spec, len(range(w, self.n, self.workers)),
-                                                               self._env_kwargs)
+        return self._actor_cls.options(**self._options).remote(self._make_pool, len(range(w, self.n, self.workers)))
 
     def _replace_actor(self, w: int) -> None:
         """Kill actor ``w`` (dead or stuck) and start a fresh one with fresh sessions."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.webshop_bridge.pool import SKIPPED
+from esjax.loop.envpool import SKIPPED
 from esjax.loop.protocols import EnvPool
 from esjax.parallel.multihost import allgather_objects
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -338,41 +339,28 @@ def _interval(point: dict[str, Any], name: str, scale: float, unit: str) -> str:
     return f"[{scale * low:.1f}{unit}, {scale * high:.1f}{unit}]"
 
 
-#: Rows of summary.md's behaviour table: (key of :func:`esjax.rundir.traces.behaviour`, label, format).
-BEHAVIOUR_ROWS = (("searches_per_episode", "searches per episode", "{:.2f}"),
-                  ("item_pages_per_episode", "item pages opened per episode", "{:.2f}"),
-                  ("option_clicks_per_item_page", "option clicks per item page", "{:.2f}"),
-                  ("item_pages_with_option_click", "item pages with an option click", "{:.1%}"),
-                  ("option_clicks_named_in_instruction", "option clicks the instruction names", "{:.1%}"),
-                  ("bought_on_first_item_page", "bought on the first item page", "{:.1%}"),
-                  ("bought", "bought", "{:.1%}"),
-                  ("bought_without_option_click", "bought without an option click", "{:.1%}"),
-                  ("step_cap_hits", "step-cap hits", "{:.1%}"),
-                  ("steps_per_episode", "steps per episode", "{:.2f}"))
-
-
-def behaviour_lines(behaviour: dict[int, dict[str, float]]) -> list[str]:
-    """The greedy agent's behaviour at the first and the last traced evaluation (what a score change was made of)."""
-    if not behaviour:
+def behaviour_lines(behaviour: dict[int, dict[str, float]], rows: Sequence[tuple[str, str, str]]) -> list[str]:
+    """The greedy agent's behaviour at the first and the last traced evaluation (what a score change was made of):
+    ``rows`` (the task's :attr:`esjax.task.Task.behaviour_rows`: key, label, format) of each version's measures."""
+    if not behaviour or not rows:
         return []
     first, last = min(behaviour), max(behaviour)
     versions = [first] if first == last else [first, last]
     lines = ["What the greedy agent did (from the evaluation traces):", "",
              "| | " + " | ".join(f"v{v}" for v in versions) + " |", "|---|" + "---|" * len(versions)]
-    for key, label, fmt in BEHAVIOUR_ROWS:
+    for key, label, fmt in rows:
         lines.append(f"| {label} | " + " | ".join(fmt.format(behaviour[v][key]) for v in versions) + " |")
     return [*lines, ""]
 
 
 def write_summary(records: list[dict[str, Any]], out_path: str | Path, title: str,
                   run_info: dict[str, Any] | None = None,
-                  traces: dict[int, list[dict[str, Any]]] | None = None) -> str:
+                  traces: dict[int, list[dict[str, Any]]] | None = None, task: Any = None) -> str:
     """A short markdown summary: every evaluation (score, success rate, their 95% intervals where the record has
     them or its per-goal rewards), the score change with its interval (paired by goal when ``traces`` of the first
-    and last evaluation are given) and the agent's behaviour at both (:func:`esjax.rundir.traces.behaviour`), updates,
-    acceptance, staleness, warnings, and (from ``run_info``, the run's run.json) the commit, overrides and
-    machine."""
-    from esjax.rundir.traces import behaviour as behaviour_of
+    and last evaluation are given) and the agent's behaviour at both (the run's ``task``'s measures,
+    :meth:`esjax.task.Task.behaviour`), updates, acceptance, staleness, warnings, and (from ``run_info``, the run's
+    run.json) the commit, overrides and machine."""
     from esjax.rundir.traces import paired_delta
 
     traces = traces or {}
@@ -403,7 +391,8 @@ def write_summary(records: list[dict[str, Any]], out_path: str | Path, title: st
                 change = f"Δ score: {last['score'] - first['score']:+.1f} on {goals.get(last['x'], '?')} held-out goals"
             lines += [f"{change}. This is one run (one seed): the interval covers the choice of goals, not the "
                       "spread from seed to seed; compare settings over several seeds.", ""]
-    lines += behaviour_lines({v: behaviour_of(lines_) for v, lines_ in traces.items()})
+    if task is not None:
+        lines += behaviour_lines({v: task.behaviour(lines_) for v, lines_ in traces.items()}, task.behaviour_rows)
     if updates:
         last = updates[-1]
         counts = lag_counts(records)

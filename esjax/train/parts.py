@@ -1,8 +1,11 @@
-"""Building a run's parts from its config: the shop, the policy, the agent, the ES update's config, the
+"""Building a run's parts from its config: the task and its data, the policy, the agent, the ES update's config, the
 coordinator, and the optional packages a config needs; and reading a finished run's θ back (``load_run``).
 
+The task (``env.task``) is reached only through :class:`esjax.task.Task`: its data and splits, its env pools and
+its agents.
+
 Each builder takes its own config section and the few scalars of other sections it needs, named
-(``build_policy(config.model, shop, seed)``); :func:`build_run_parts` is the one place that reads the whole config
+(``build_policy(config.model, task, seed)``); :func:`build_run_parts` is the one place that reads the whole config
 and builds every part of a training run once (:class:`RunParts`).
 
 Every function raises :class:`~esjax.config.ConfigError` naming the key when the config asks for something that
@@ -20,9 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from esjax.agent.generate_agent import GenerateAgent
 from esjax.agent.policy import LoadedPolicy, load_policy
-from esjax.agent.webshop import WebShopAgent
 from esjax.config import Config, ConfigError
 from esjax.config.schema import (
     AgentSection,
@@ -34,48 +35,44 @@ from esjax.config.schema import (
     ModelSection,
     ScheduleSection,
 )
+from esjax.errors import TaskError
 from esjax.es.noise import NoiseSpec, Scope
 from esjax.es.sigma_schedules import constant, cosine, linear
 from esjax.es.step import ESConfig, ESState
 from esjax.loop.coordinator import Coordinator, CoordinatorConfig
 from esjax.loop.es_update import ESUpdate
-from esjax.loop.protocols import EnvPool
+from esjax.loop.protocols import EnvPool, GeneratingAgent, ScoringAgent
 from esjax.loop.rollout import RolloutEngine
 from esjax.loop.staleness import Schedule, make_schedule
 from esjax.rundir.checkpoint import Checkpointer
 from esjax.rundir.directory import resume_config
+from esjax.task import Task, task_class
 
 if TYPE_CHECKING:
     from esjax.loop.generate_rollout import GenerateEngine
 
 
-def shop_spec(env: EnvSection):
-    """The environment's shop as a picklable recipe (:class:`~envs.webshop_bridge.factory.ShopSpec`): what env
-    worker processes and Ray actors build their own copy from."""
-    from envs.webshop_bridge import PACKAGED_DATA, ShopSpec
-
-    if env.data == "synthetic":
-        return ShopSpec(kind="synthetic", num_products=env.num_products, seed=env.catalog_seed)
-    human_file = str(Path(env.human_file).expanduser()) if env.human_file else None
-    return ShopSpec(kind="webshop", path=env.data if env.data in PACKAGED_DATA else str(Path(env.data).expanduser()),
-                    seed=env.catalog_seed, goals=env.goals, human_file=human_file)
+def build_task(env: EnvSection) -> Task:
+    """The task ``env.task`` names, bound to the ``env`` section (its data is read on first use)."""
+    return task_class(env.task)(env)
 
 
-def build_shop(env: EnvSection):
-    """The environment's shop: a synthetic catalog or WebShop data from a folder."""
-    from envs.webshop_bridge import DataError
-
+def load_task(env: EnvSection) -> Task:
+    """The task of the ``env`` section with its data read: a bad data file (the task's
+    :class:`~esjax.errors.TaskError`) is a :class:`ConfigError` with the task's one-line message."""
+    task = build_task(env)
     try:
-        return shop_spec(env).build()
-    except DataError as err:
-        raise ConfigError(f"env.data: {err}") from None
+        task.data  # noqa: B018 - read once here, so bad input fails before anything compiles
+    except TaskError as err:
+        raise ConfigError(str(err)) from None
+    return task
 
 
-def build_pool(env: EnvSection, shop, capacity: int) -> EnvPool:
-    """``capacity`` env sessions where ``env.pool`` says: in this process over ``shop``, or in ``env.workers``
-    worker processes / Ray actors that each build the shop from :func:`shop_spec` (a Ray cluster's address
-    comes from ``env.ray_address`` or ``RAY_ADDRESS``; none: Ray starts a local one, unless ``ray.init`` was
-    already called).
+def build_pool(env: EnvSection, task: Task, capacity: int) -> EnvPool:
+    """``capacity`` env sessions of ``task`` where ``env.pool`` says: in this process, or in ``env.workers``
+    worker processes / Ray actors that each build the task's data themselves (:meth:`Task.process_pool`,
+    :meth:`Task.pool_recipe`; a Ray cluster's address comes from ``env.ray_address`` or ``RAY_ADDRESS``; none: Ray
+    starts a local one, unless ``ray.init`` was already called).
 
     In a multi-process job each process serves its share of the rows in such a pool and the answers are
     exchanged (:class:`esjax.parallel.envrows.ProcessRowsPool`)."""
@@ -84,56 +81,53 @@ def build_pool(env: EnvSection, shop, capacity: int) -> EnvPool:
     if jax.process_count() > 1:
         from esjax.parallel.envrows import ProcessRowsPool
 
-        return ProcessRowsPool(capacity, lambda rows: _local_pool(env, shop, rows), jax.process_index(),
+        return ProcessRowsPool(capacity, lambda rows: _local_pool(env, task, rows), jax.process_index(),
                                jax.process_count())
-    return _local_pool(env, shop, capacity)
+    return _local_pool(env, task, capacity)
 
 
-def _local_pool(env: EnvSection, shop, capacity: int) -> EnvPool:
-    from envs.webshop_bridge import InProcessEnvPool, ProcessEnvPool
-
+def _local_pool(env: EnvSection, task: Task, capacity: int) -> EnvPool:
     if env.pool == "inprocess":
-        return InProcessEnvPool(shop, capacity)
-    if env.pool == "process":
-        return ProcessEnvPool(shop_spec(env), capacity, workers=env.workers)
+        return task.pool(capacity)
+    try:
+        if env.pool == "process":
+            return task.process_pool(capacity, env.workers)
+        recipe = task.pool_recipe()
+        if recipe is None:
+            raise TaskError(f"env.pool: 'ray' is not available for task {env.task!r} (it has no pool recipe, "
+                            "Task.pool_recipe)")
+    except TaskError as err:
+        raise ConfigError(str(err)) from None
     from esjax.parallel.envpool_ray import RayEnvPool
 
-    return RayEnvPool(shop_spec(env), capacity, workers=env.workers, address=env.ray_address)
+    return RayEnvPool(recipe, capacity, workers=env.workers, address=env.ray_address)
 
 
-def held_out_goals(env: EnvSection, shop, quiet: bool = False) -> list[int]:
+def held_out_goals(env: EnvSection, task: Task, quiet: bool = False) -> list[int]:
     """The first ``env.eval_goals`` goals of ``env.eval_split``; says so when the split holds fewer than asked
     (e.g. a small synthetic shop), so an evaluation "on 129 goals" after asking for 200 is never a surprise."""
-    split = list(shop.split(env.eval_split))
+    split = list(task.split(env.eval_split))
     goals = split[: env.eval_goals]
     if len(split) < env.eval_goals and goals and not quiet:
-        print(f"note: env.eval_goals={env.eval_goals}, but the {env.eval_split} split of {shop.name} "
+        print(f"note: env.eval_goals={env.eval_goals}, but the {env.eval_split} split of {task.data_name()} "
               f"holds {len(split)} goals: evaluating on all {len(split)}", file=sys.stderr, flush=True)
     return goals
 
 
-def shop_texts(shop, limit: int = 5000):
-    """Text a from-scratch tokenizer is trained on: instructions, titles and option values."""
-
-    for i in range(min(len(shop.goals), limit)):
-        yield shop.goals[i].instruction_text.lower()
-    for i in range(min(len(shop), limit)):
-        product = shop.product(i)
-        yield f"open {product.title} choose buy now go back next page back to search page: results item chosen"
-
-
-def build_policy(m: ModelSection, shop, seed: int) -> LoadedPolicy:
+def build_policy(m: ModelSection, task: Task, seed: int) -> LoadedPolicy:
     """The policy of the ``model`` section (``seed``: the run's, for a random model and a from-scratch tokenizer
-    trained on ``shop``'s texts)."""
+    trained on the ``task``'s texts)."""
     from esjax.model.config import ModelConfigError
     from esjax.model.hf import ModelFileError
 
     try:
         return load_policy(m.source, m.path, m.dtype, random_config=m.random_config, seed=seed,
-                           texts=lambda: shop_texts(shop), embedded=m.embedded)
+                           texts=lambda: task.texts(), embedded=m.embedded)
     except (ModelFileError, ModelConfigError) as err:  # a missing, corrupt or unsupported model file: one line
         key = "model.random_config" if m.source == "random" else "model.path"
         raise ConfigError(f"{key}: {err}") from None
+    except TaskError as err:
+        raise ConfigError(str(err)) from None
 
 
 def resolve_prompt_style(agent: AgentSection, policy: LoadedPolicy, model_source: str) -> str:
@@ -145,33 +139,22 @@ def resolve_prompt_style(agent: AgentSection, policy: LoadedPolicy, model_source
     return style
 
 
-def build_agent(a: AgentSection, policy: LoadedPolicy, model_source: str) -> WebShopAgent | GenerateAgent:
-    """The agent of the ``agent`` section (``model_source``: the model section's, for the prompt style)."""
-    if a.mode == "generate":
-        return build_generate_agent(a, policy)
-    style = resolve_prompt_style(a, policy, model_source)
-    renderer = policy.chat_renderer()
-    if style == "chat" and renderer is None:
-        raise ConfigError("agent.prompt_style: 'chat' needs a model with a chat template "
-                          "(tokenizer_config.json chat_template)")
-    return WebShopAgent(policy.tokenizer, style, renderer, a.max_prompt_tokens, a.max_candidate_tokens, a.score_norm)
+def build_agent(a: AgentSection, policy: LoadedPolicy, model_source: str, task: Task
+                ) -> ScoringAgent | GeneratingAgent:
+    """The ``task``'s agent for ``agent.mode`` (``model_source``: the model section's, for the prompt style)."""
+    try:
+        if a.mode == "generate":
+            return task.generate_agent(policy, a)
+        style = resolve_prompt_style(a, policy, model_source)
+        if style == "chat" and policy.chat_renderer() is None:
+            raise ConfigError("agent.prompt_style: 'chat' needs a model with a chat template "
+                              "(tokenizer_config.json chat_template)")
+        return task.score_agent(policy, a, style)
+    except TaskError as err:
+        raise ConfigError(str(err)) from None
 
 
-def build_generate_agent(a: AgentSection, policy: LoadedPolicy) -> GenerateAgent:
-    """Generate mode's agent: the chat template when the model has one (a plain rendering otherwise), and the
-    model's end-of-sequence tokens (config.json's and the tokenizer's) as stop tokens."""
-    stop = set(policy.config.eos_token_ids)
-    for name in ("eos_token", "<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
-        token = policy.special_tokens.get(name, name) if name == "eos_token" else name
-        token_id = policy.tokenizer.token_to_id(token) if isinstance(token, str) else None
-        if token_id is not None:
-            stop.add(int(token_id))
-    renderer = policy.chat_renderer() if a.prompt_style != "compact" else None
-    return GenerateAgent(policy.tokenizer, renderer, sorted(stop), a.max_prompt_tokens, a.reasoning,
-                         constrain=a.constrain)
-
-
-def build_engine(a: AgentSection, pool: EnvPool, agent: WebShopAgent | GenerateAgent, policy: LoadedPolicy,
+def build_engine(a: AgentSection, pool: EnvPool, agent: ScoringAgent | GeneratingAgent, policy: LoadedPolicy,
                  es_config: ESConfig, max_steps: int, step_timeout: float | None) -> RolloutEngine | GenerateEngine:
     """The rollout engine of ``agent.mode``: candidate scoring (score) or generation (generate); episodes end after
     ``max_steps`` actions, an env step is abandoned after ``step_timeout`` seconds."""
@@ -259,11 +242,11 @@ def build_coordinator(schedule: ScheduleSection, population: int, seed: int, tas
 class RunParts:
     """Everything a training run is built from, built once from the config (:func:`build_run_parts`)."""
 
-    shop: Any
+    task: Task
     train_goals: list[int]
     eval_goals: list[int]
     policy: LoadedPolicy
-    agent: WebShopAgent | GenerateAgent
+    agent: ScoringAgent | GeneratingAgent
     es_config: ESConfig
     pool: EnvPool
     engine: RolloutEngine | GenerateEngine
@@ -294,23 +277,23 @@ class RunParts:
 
 
 def build_run_parts(config: Config) -> RunParts:
-    """The shop and its train / held-out goals, the policy, the agent, the ES config, the env pool (sized for
+    """The task and its train / held-out goals, the policy, the agent, the ES config, the env pool (sized for
     every member job and evaluation row), the rollout engine and, on several devices, the mesh."""
     import jax
 
     env = config.env
-    shop = build_shop(env)
-    train_goals = list(shop.split("train"))
-    eval_goals = held_out_goals(env, shop, quiet=jax.process_index() != 0)
+    task = load_task(env)
+    train_goals = list(task.split("train"))
+    eval_goals = held_out_goals(env, task, quiet=jax.process_index() != 0)
     if not train_goals:
-        raise ConfigError("env: the shop has no train goals")
+        raise ConfigError(f"env: the task's data ({task.data_name()}) has no train goals")
     if not eval_goals:
-        raise ConfigError(f"env.eval_split: the shop has no {env.eval_split!r} goals")
-    policy = build_policy(config.model, shop, config.run.seed)
-    agent = build_agent(config.agent, policy, config.model.source)
+        raise ConfigError(f"env.eval_split: the task's data ({task.data_name()}) has no {env.eval_split!r} goals")
+    policy = build_policy(config.model, task, config.run.seed)
+    agent = build_agent(config.agent, policy, config.model.source, task)
     es_config = build_es_config(config.es, config.run.seed, config.run.updates)
     capacity = config.schedule.slots * env.tasks_per_member + len(eval_goals)
-    pool = build_pool(env, shop, capacity)  # env.pool: in this process, worker processes or Ray
+    pool = build_pool(env, task, capacity)  # env.pool: in this process, worker processes or Ray
     engine = build_engine(config.agent, pool, agent, policy, es_config, env.max_steps, env.step_timeout_s)
     mesh = sharded = None
     if len(jax.devices()) > 1:  # shard θ and its update over ('data', 'model'), all processes' devices
@@ -321,7 +304,7 @@ def build_run_parts(config: Config) -> RunParts:
         sharded = ShardedES(es_config, policy.config, mesh)
     new_coordinator = functools.partial(build_coordinator, config.schedule, config.es.population, config.run.seed,
                                         env.tasks_per_member, len(train_goals))
-    return RunParts(shop, train_goals, eval_goals, policy, agent, es_config, pool, engine, new_coordinator, mesh,
+    return RunParts(task, train_goals, eval_goals, policy, agent, es_config, pool, engine, new_coordinator, mesh,
                     sharded)
 
 
@@ -339,11 +322,11 @@ def check_extras(config: Config) -> None:
                           "pip install 'esjax[ray]' (or --set env.pool=process)")
 
 
-def load_run(run_dir: str | Path, config: Config | None = None) -> tuple[Any, LoadedPolicy, Any, int]:
-    """(shop, policy, θ of the latest readable checkpoint, its version) of a run directory."""
+def load_run(run_dir: str | Path, config: Config | None = None) -> tuple[Task, LoadedPolicy, Any, int]:
+    """(task, policy, θ of the latest readable checkpoint, its version) of a run directory."""
     config = config or resume_config(run_dir)
-    shop = build_shop(config.env)
-    policy = build_policy(config.model, shop, config.run.seed)
+    task = load_task(config.env)
+    policy = build_policy(config.model, task, config.run.seed)
     state = ESUpdate(build_es_config(config.es, config.run.seed, config.run.updates), policy.params).state
     checkpointer = Checkpointer(run_dir, config.run.keep_checkpoints)
     try:
@@ -353,4 +336,4 @@ def load_run(run_dir: str | Path, config: Config | None = None) -> tuple[Any, Lo
         _, tree, _ = checkpointer.restore_latest(target)
     finally:
         checkpointer.close()
-    return shop, policy, tree["state"].params, int(tree["state"].version)
+    return task, policy, tree["state"].params, int(tree["state"].version)

@@ -126,7 +126,7 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
     created = prepare_run_dir(run_dir, resume) if primary else None
     barrier("esjax: run directory ready")
     if config.run.progress and primary:
-        print(f"{'resuming' if resume else 'writing'} the run in {run_dir}: loading the shop and the policy",
+        print(f"{'resuming' if resume else 'writing'} the run in {run_dir}: loading the task and the policy",
               flush=True)
     checkpointer = writer = trainer = None
     try:
@@ -193,7 +193,7 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
                 write_plots(records, run_dir / "plots", plot_title(config, run_info), resume_marks(run_info))
             summary = write_summary(records, run_dir / "summary.md",
                                     f"{config.run.name}: {config.schedule.kind} ES", run_info=run_info,
-                                    traces=first_and_last_traces(run_dir / "traces"))
+                                    traces=first_and_last_traces(run_dir / "traces"), task=trainer.parts.task)
         failed = False
     except OSError as err:  # a full or read-only disk under the run directory: stop, keep the last checkpoint
         raise StorageError(f"{run_dir}: cannot write the run ({storage_reason(err)}); stopped at version "

@@ -7,31 +7,33 @@ episodes interleaved with training rollouts instead (:mod:`esjax.train.interleav
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from esjax.agent.generate_agent import GenerateAgent
-from esjax.agent.webshop import WebShopAgent
 from esjax.es.noise import NoiseSpec
+from esjax.loop.protocols import EnvPool, GeneratingAgent, ScoringAgent
 from esjax.loop.rollout import RolloutEngine
 from esjax.model.config import ModelConfig
 from esjax.rundir.stats import eval_intervals
 from esjax.rundir.traces import TraceRecorder
 
 
-def evaluate_policy(model_config: ModelConfig, params: Any, agent: WebShopAgent | GenerateAgent, shop: Any,
-                    goals: list[int], max_steps: int, batch: int = 256, traces: bool = False,
-                    max_new_tokens: int = 32, engine_cls: type[RolloutEngine] = RolloutEngine) -> dict[str, Any]:
+def evaluate_policy(model_config: ModelConfig, params: Any, agent: ScoringAgent | GeneratingAgent,
+                    make_pool: Callable[[int], EnvPool], goals: list[int], max_steps: int, batch: int = 256,
+                    traces: bool = False, max_new_tokens: int = 32,
+                    engine_cls: type[RolloutEngine] = RolloutEngine) -> dict[str, Any]:
     """Score (100 × mean reward), success rate (share of reward 1.0), their 95% intervals over goals, and per
-    goal: the goal index, reward and success flag. ``traces``: also each episode's trace line
-    (:mod:`esjax.rundir.traces`) under ``"traces"``, in goal order. A :class:`GenerateAgent` writes its actions
-    (generate mode, greedy, replies of up to ``max_new_tokens`` tokens). ``engine_cls``: the scoring agent's
-    engine, a :class:`RolloutEngine` subclass to change how actions are picked (experiments/headroom.py)."""
-    from envs.webshop_bridge import InProcessEnvPool
-
-    pool = InProcessEnvPool(shop, max(1, min(batch, len(goals))))
-    if isinstance(agent, GenerateAgent):
+    goal: the goal index, reward and success flag, of ``goals`` played in a pool of up to ``batch`` sessions,
+    ``make_pool(n)`` (a task's :meth:`esjax.task.Task.pool`; WebShop: ``functools.partial(InProcessEnvPool,
+    shop)``). ``traces``: also each episode's trace line (:mod:`esjax.rundir.traces`) under ``"traces"``, in goal
+    order. A generating agent writes its actions (generate mode, greedy, replies of up to ``max_new_tokens``
+    tokens). ``engine_cls``: the scoring agent's engine, a :class:`RolloutEngine` subclass to change how actions are
+    picked (experiments/headroom.py)."""
+    pool = make_pool(max(1, min(batch, len(goals))))
+    generating = isinstance(agent, GeneratingAgent)
+    if generating:
         from esjax.agent.lanes import Sampling
         from esjax.loop.generate_rollout import GenerateEngine
 
@@ -64,7 +66,7 @@ def evaluate_policy(model_config: ModelConfig, params: Any, agent: WebShopAgent 
            "success_rate": float(np.mean(rewards == 1.0)) if len(goals) else 0.0,
            **eval_intervals(rewards.tolist()), "goals": len(goals), "goal_indices": [int(g) for g in goals],
            "rewards": rewards.tolist(), "success": (rewards == 1.0).tolist()}
-    if isinstance(agent, GenerateAgent):  # written actions can be invalid (WebShop's no-op)
+    if generating:  # written actions can be invalid (the env's no-op)
         out["invalid_action_rate"] = invalid / actions if actions else 0.0
     if recorder is not None:
         out["traces"] = lines

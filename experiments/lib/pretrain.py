@@ -116,7 +116,7 @@ def demonstrations(shop, goals, hasty: float, seed: int, max_steps: int = 15):
 
 
 def tokenizer_corpus(shop, steps):
-    from esjax.train.parts import shop_texts
+    from envs.webshop_bridge.task import shop_texts
 
     seen = set()
     for prompt, cands, _ in steps:
@@ -378,9 +378,9 @@ MAX_REPLY_TOKENS = 64
 def generate_agent(policy, max_prompt_tokens: int = MAX_PROMPT_TOKENS, constrain: str = "none"):
     """The agent generate mode builds for ``policy`` (chat template, stop tokens, prompt budget, constrained
     clicks or not)."""
+    from envs.webshop_bridge.task import generate_agent as webshop_generate_agent
     from esjax.config import load_config
-    from esjax.train.parts import build_generate_agent
 
     section = load_config(None, ["agent.mode=generate", f"agent.max_prompt_tokens={max_prompt_tokens}",
                                  f"agent.constrain={constrain}"]).agent
-    return build_generate_agent(section, policy)
+    return webshop_generate_agent(policy, section)

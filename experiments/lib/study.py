@@ -26,6 +26,8 @@ from experiments.lib.runs import read_run
 RECORDS = RESULTS / "study"
 DATA = "webshop_small"
 REPRODUCIBILITY = RECORDS / "reproducibility.json"
+#: The reproducibility re-runs' own records, compacted like the study's (``RERUNS/DATA/<cell>/seed<s>/``).
+RERUNS = RECORDS / "reproducibility"
 FIRST_SEED = 100
 FAMILIES = {"primary": ("async-G4", "delay8", "all-stale-k1"), "secondary": ("delay4", "async-K1")}
 ALPHA = 0.05

@@ -12,12 +12,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def agent():
+    from envs.webshop_bridge.task import generate_agent
     from esjax.agent.policy import load_policy
     from esjax.config import load_config
-    from esjax.train.parts import build_generate_agent
 
     config = load_config(REPO / "configs" / "generate.yaml")
-    return build_generate_agent(config.agent, load_policy(config.model.source, embedded=config.model.embedded))
+    return generate_agent(load_policy(config.model.source, embedded=config.model.embedded), config.agent)
 
 
 def _by_decoding(agent, ids, checked):

@@ -3,6 +3,8 @@ and its pretraining script is deterministic given its seed."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from esjax.agent.policy import EMBEDDED_POLICY_DIR, load_policy
@@ -24,7 +26,7 @@ def test_embedded_policy_is_a_small_hf_folder():
 
 
 def test_embedded_policy_loads_through_hf_path_and_beats_the_first_hit_rule_on_real_goals():
-    from envs.webshop_bridge import FirstHitPolicy, RandomPolicy, evaluate, load_webshop
+    from envs.webshop_bridge import FirstHitPolicy, InProcessEnvPool, RandomPolicy, evaluate, load_webshop
     from esjax.agent.webshop import WebShopAgent
     from esjax.model.params import param_count
     from esjax.train.standalone_eval import evaluate_policy
@@ -36,7 +38,8 @@ def test_embedded_policy_loads_through_hf_path_and_beats_the_first_hit_rule_on_r
     assert 50_000 < param_count(policy.params) < 2_000_000
     shop = load_webshop("webshop_small")  # the default config's shop: real WebShop data
     goals = list(shop.split("test"))[:100]
-    result = evaluate_policy(policy.config, policy.params, WebShopAgent(policy.tokenizer, "compact"), shop, goals,
+    result = evaluate_policy(policy.config, policy.params, WebShopAgent(policy.tokenizer, "compact"),
+                             functools.partial(InProcessEnvPool, shop), goals,
                              max_steps=15)
     random_result, _ = evaluate(shop, lambda: RandomPolicy(0), goals, max_steps=15)
     first_hit, _ = evaluate(shop, lambda: FirstHitPolicy(options=False), goals, max_steps=15)

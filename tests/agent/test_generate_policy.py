@@ -1,6 +1,7 @@
 """The generative policy's recipe (experiments/pretrain_generate_policy.py, issue 36): the teacher's steps are
 recorded exactly as generate mode renders them, and the quick mode is deterministic."""
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -101,17 +102,18 @@ def test_scratch_quick_mode_is_deterministic_and_copies_product_ids_as_one_token
 def test_the_shipped_generative_policies_write_valid_actions(embedded, overrides):
     """Both shipped generative policies load and play real test goals with actions WebShop accepts: greedy, they
     search, open products and buy."""
-    from envs.webshop_bridge import load_webshop
+    from envs.webshop_bridge import InProcessEnvPool, load_webshop
+    from envs.webshop_bridge.task import generate_agent
     from esjax.agent.policy import load_policy
     from esjax.config import load_config
-    from esjax.train.parts import build_generate_agent
     from esjax.train.standalone_eval import evaluate_policy
 
     config = load_config(ROOT / "configs" / "generate.yaml", [f"model.embedded={embedded}", *overrides])
     policy = load_policy(config.model.source, embedded=config.model.embedded)
-    agent = build_generate_agent(config.agent, policy)
+    agent = generate_agent(policy, config.agent)
     shop = load_webshop(config.env.data, seed=config.env.catalog_seed)
-    res = evaluate_policy(policy.config, policy.params, agent, shop, list(shop.split("test"))[:4],
+    res = evaluate_policy(policy.config, policy.params, agent, functools.partial(InProcessEnvPool, shop),
+                          list(shop.split("test"))[:4],
                           max_steps=config.env.max_steps, max_new_tokens=config.agent.max_new_tokens, traces=True)
     assert all(line["actions"][0][0].startswith("search[") for line in res["traces"])
     # they buy in most episodes (writing freely, the others loop on a click that is not on the page: 13.8% of the

@@ -565,7 +565,7 @@ def test_goal_set_is_templated_or_human_and_synthetic_still_loads_as_templated(t
     """env.goals names WebShop's goal sets by what they are; 'synthetic' (its old value, which never meant the
     synthetic shop) loads as 'templated', so an old run directory's config.yaml still loads and resumes."""
     from esjax.cli.eval import _settings_line
-    from esjax.config import goal_set_label
+    from esjax.train.parts import build_task
 
     old = tmp_path / "config.yaml"
     old.write_text("env:\n  data: webshop_small\n  num_products: 500\n  goals: synthetic\n")
@@ -575,8 +575,8 @@ def test_goal_set_is_templated_or_human_and_synthetic_still_loads_as_templated(t
     assert load_config(REPO / "configs" / "default.yaml").env.goals == "templated"
     with pytest.raises(ConfigError, match="env.goals"):
         load_config(None, ["env.goals=generated"])
-    assert goal_set_label(config.env) == "templated"
-    assert goal_set_label(load_config(None, ["env.data=synthetic"]).env) == "synthetic-shop"
+    assert build_task(config.env).goal_label() == "templated"
+    assert build_task(load_config(None, ["env.data=synthetic"]).env).goal_label() == "synthetic-shop"
     # keys that do not apply to the dataset are not printed as settings: num_products on WebShop data, the
     # WebShop goal set on the synthetic shop
     base = {"env": {"data": "webshop_small", "num_products": 500, "goals": "synthetic"}}

@@ -29,14 +29,20 @@ def test_line_search_record_is_paired_with_the_centre(tmp_path, capsys):
         assert b["mean"] >= 0 and b["member_std"] >= 0
         assert b["pair_vs_fitness"] is None or -1 <= b["pair_vs_fitness"] <= 1
     assert record["behaviour"]["steps"]["mean"] >= 1
+    assert record["behaviour"]["search_words"]["mean"] > 0  # score mode's searches are counted too
     assert "split-half reliability" in capsys.readouterr().out
 
 
 def test_episode_behaviour_counts_actions_by_kind():
-    trace = [("search[red running shoes]", ""), ("click[B07XYZ1234]", ""), ("click[Red]", ""), ("click[size 9]", ""),
-             ("click[< Prev]", ""), ("click[Buy Now]", ""), ("click[oops", ""), ("search[again]", "")]
-    behaviour = dict(zip(es_direction_probe.BEHAVIOUR, es_direction_probe.episode_behaviour(trace)))
-    assert behaviour == {"steps": 8, "search_words": 3, "products": 1, "options": 2, "buy_clicks": 1}
+    """A trace step is (what the policy chose, the env action): a reply in generate mode, a candidate's text in score
+    mode; the env action is counted."""
+    actions = ["search[red running shoes]", "click[B07XYZ1234]", "click[Red]", "click[size 9]", "click[< Prev]",
+               "click[Buy Now]", "click[oops", "search[again]"]
+    expected = {"steps": 8, "search_words": 3, "products": 1, "options": 2, "buy_clicks": 1}
+    generate = [(f"{a} ", a) for a in actions]
+    score = [(f"candidate {i}: open #1 $12.99", a) for i, a in enumerate(actions)]
+    for trace in (generate, score):
+        assert dict(zip(es_direction_probe.BEHAVIOUR, es_direction_probe.episode_behaviour(trace))) == expected
 
 
 @pytest.mark.slow
@@ -54,3 +60,4 @@ def test_score_mode_probe_runs_the_configs_agent_on_a_candidate_scoring_policy(t
     assert record["split_half_reliability"] is None or -1 <= record["split_half_reliability"] <= 1
     assert all(s["delta"] == 0 and s["changed_goals"] == 0 for s in record["steps"])  # η = 0 is the centre
     assert record["behaviour"]["steps"]["mean"] >= 1
+    assert record["behaviour"]["search_words"]["mean"] > 0  # score mode's searches are counted too

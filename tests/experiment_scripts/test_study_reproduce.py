@@ -17,7 +17,13 @@ def test_a_rerun_matches_its_committed_records_and_a_change_is_named(tmp_path):
     for item in TINY:
         args += ["--set", item]
     assert staleness_grid.main(args) == 0
-    assert study_reproduce.reproduce("sync", 0, tmp_path / "scratch", out, "synthetic") == []
+    reruns = tmp_path / "reruns"
+    assert study_reproduce.reproduce("sync", 0, reruns, out, "synthetic") == []
+    kept = reruns / "synthetic" / "sync" / "seed0"  # the re-run's records stay, compacted as the study's runs
+    assert (kept / "summary.md").is_file() and not (kept / "checkpoints").exists()
+    assert sorted(p.name for p in (kept / "traces").iterdir()) == sorted(
+        p.name for p in (out / "synthetic" / "sync" / "seed0" / "traces").iterdir())
+    assert study_reproduce.check(reruns, out, "synthetic")["lines"][1:] == [f"sync seed 0: {study_reproduce.IDENTICAL}"]
     committed = out / "synthetic" / "sync" / "seed0"
     lines = (committed / "metrics.jsonl").read_text().splitlines()
     first = json.loads(lines[0])
@@ -27,8 +33,15 @@ def test_a_rerun_matches_its_committed_records_and_a_change_is_named(tmp_path):
     changed["fitness_mean"] = -1.0
     lines[0], lines[update] = json.dumps(first), json.dumps(changed)
     (committed / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    found = study_reproduce.differences(committed, tmp_path / "scratch" / "sync" / "seed0")
+    found = study_reproduce.differences(committed, kept)
     assert len(found) == 1 and "differs in fitness_mean" in found[0]
+    # the one-command check runs nothing and names the change; the kept re-run is not made again either
+    checked = study_reproduce.check(reruns, out, "synthetic")
+    assert checked["lines"][0].endswith(": 0 of 1 re-runs identical to their committed records.")
+    assert "differs in fitness_mean" in checked["lines"][1]
+    before = (kept / "metrics.jsonl").stat().st_mtime_ns
+    assert study_reproduce.reproduce("sync", 0, reruns, out, "synthetic") == found
+    assert (kept / "metrics.jsonl").stat().st_mtime_ns == before
 
 
 def test_parts_from_separate_processes_merge_into_one_result_from_one_commit(tmp_path):

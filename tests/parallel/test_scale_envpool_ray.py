@@ -4,16 +4,18 @@ stand-in for Ray (always runs); a real local Ray cluster is used when Ray is ins
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import numpy as np
 import pytest
 from ray_fixtures import fake_ray, real_ray
 
-from envs.webshop_bridge.factory import ShopSpec, get_shop
+from envs.webshop_bridge.factory import ShopSpec, get_shop, pool_of
 from envs.webshop_bridge.pool import InProcessEnvPool
 
 SPEC = ShopSpec(kind="synthetic", num_products=40, seed=0)
+SESSIONS = functools.partial(pool_of, SPEC)  # what each Ray actor builds its sessions with
 
 
 def _drive(pool, goals):
@@ -38,7 +40,7 @@ def test_ray_pool_fan_out_matches_the_in_process_pool(monkeypatch):
     from esjax.parallel.envpool_ray import RayEnvPool
 
     goals = [0, 5, 9, 11, 20]
-    with RayEnvPool(SPEC, len(goals), workers=2) as pool:
+    with RayEnvPool(SESSIONS, len(goals), workers=2) as pool:
         got = _drive(pool, goals)
         with pytest.raises(ValueError, match="one per session"):
             pool.step(["click[buy now]"])
@@ -50,7 +52,7 @@ def test_missing_ray_is_a_clear_error(monkeypatch):
     from esjax.parallel.envpool_ray import RayEnvPool, RayUnavailable
 
     with pytest.raises(RayUnavailable, match=r"esjax\[ray\]"):
-        RayEnvPool(SPEC, 2)
+        RayEnvPool(SESSIONS, 2)
 
 
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # ray.init starts its processes
@@ -58,7 +60,7 @@ def test_real_local_ray_cluster():
     from esjax.parallel.envpool_ray import RayEnvPool
 
     goals = [1, 2, 3, 4]
-    with real_ray(), RayEnvPool(SPEC, len(goals), workers=2) as pool:
+    with real_ray(), RayEnvPool(SESSIONS, len(goals), workers=2) as pool:
         got = _drive(pool, goals)
     assert np.array_equal(np.asarray(got[2]), np.asarray(_reference(goals)[2]))
     assert got == _reference(goals)
@@ -72,10 +74,10 @@ def test_config_ray_address_reaches_ray_init(monkeypatch):
     ray.init = lambda **kwargs: calls.append(kwargs)
     monkeypatch.setitem(sys.modules, "ray", ray)
     from esjax.config import load_config
-    from esjax.train.parts import build_pool, build_shop
+    from esjax.train.parts import build_pool, load_task
 
     config = load_config(None, ["env.data=synthetic", "env.num_products=40", "env.pool=ray", "env.workers=1",
                                 "env.ray_address=ray://head:10001"])
-    pool = build_pool(config.env, build_shop(config.env), 2)
+    pool = build_pool(config.env, load_task(config.env), 2)
     pool.close()
     assert [c["address"] for c in calls] == ["ray://head:10001"]

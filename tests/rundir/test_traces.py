@@ -9,13 +9,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from envs.webshop_bridge.behaviour import BEHAVIOUR_ROWS, action_kind, behaviour
 from esjax.rundir.plots import behaviour_lines
 from esjax.rundir.stats import Z975, eval_intervals, score_interval, t975, wilson_interval
 from esjax.rundir.traces import (
     SNIPPET_CHARS,
     TraceRecorder,
-    action_kind,
-    behaviour,
     first_and_last_traces,
     paired_delta,
     snippet,
@@ -155,9 +154,9 @@ def test_summary_behaviour_table_reads_the_first_and_last_traces(tmp_path):
                                                       "click[buy now]"])])
     found = first_and_last_traces(tmp_path)
     assert sorted(found) == [0, 30]
-    text = "\n".join(behaviour_lines({v: behaviour(lines) for v, lines in found.items()}))
+    text = "\n".join(behaviour_lines({v: behaviour(lines) for v, lines in found.items()}, BEHAVIOUR_ROWS))
     assert "| | v0 | v30 |" in text and "| option clicks per item page | 0.00 | 1.00 |" in text
-    assert first_and_last_traces(tmp_path / "missing") == {} and behaviour_lines({}) == []
+    assert first_and_last_traces(tmp_path / "missing") == {} and behaviour_lines({}, BEHAVIOUR_ROWS) == []
 
 
 def test_paired_delta_pairs_goals():

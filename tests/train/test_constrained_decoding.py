@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import jax
@@ -145,10 +146,10 @@ def shipped():
 
 
 def test_the_agent_offers_every_click_in_both_tokenisations_and_none_on_search_pages(shipped):
-    from esjax.train.parts import build_generate_agent
+    from envs.webshop_bridge.task import generate_agent
 
     config, policy, _ = shipped
-    agent = build_generate_agent(config.agent, policy)
+    agent = generate_agent(policy, config.agent)
     instruction = "Find me red shirts, and price lower than 30.00 dollars"
     memory = agent.new_memory(instruction)
     search_page = {"has_search_bar": True, "clickables": ["search"]}
@@ -158,9 +159,9 @@ def test_the_agent_offers_every_click_in_both_tokenisations_and_none_on_search_p
     texts = [agent.tokenizer.decode(list(c)) for c in choices]
     assert texts == [f"{space}click[{c}]" for c in page["clickables"] for space in ("", " ")]
     assert len(choices[3]) == 4  # ' click', '[', the product id, ']' (the embedded tokenizer)
-    free = build_generate_agent(config.agent.model_copy(update={"constrain": "none"}), policy)
+    free = generate_agent(policy, config.agent.model_copy(update={"constrain": "none"}))
     assert free.reply_choices(page, memory) is None
-    copying = build_generate_agent(config.agent.model_copy(update={"constrain": "all"}), policy)
+    copying = generate_agent(policy, config.agent.model_copy(update={"constrain": "all"}))
     assert copying.reply_choices(page, memory) == choices
     searches = {copying.tokenizer.decode(list(c)) for c in copying.reply_choices(search_page, memory)}
     words = instruction.split()
@@ -178,12 +179,14 @@ def test_constrained_replies_cannot_reason_first():
 @pytest.mark.parametrize("constrain", ["clicks", "all"])
 def test_the_shipped_policy_constrained_never_acts_off_the_page(shipped, constrain):
     """'clicks': no click on something not on the page; 'all': also every search a word prefix of the instruction."""
-    from esjax.train.parts import build_generate_agent
+    from envs.webshop_bridge import InProcessEnvPool
+    from envs.webshop_bridge.task import generate_agent
     from esjax.train.standalone_eval import evaluate_policy
 
     config, policy, shop = shipped
-    agent = build_generate_agent(config.agent.model_copy(update={"constrain": constrain}), policy)
-    res = evaluate_policy(policy.config, policy.params, agent, shop, list(shop.split("eval"))[:8],
+    agent = generate_agent(policy, config.agent.model_copy(update={"constrain": constrain}))
+    res = evaluate_policy(policy.config, policy.params, agent, functools.partial(InProcessEnvPool, shop),
+                          list(shop.split("eval"))[:8],
                           max_steps=config.env.max_steps, max_new_tokens=config.agent.max_new_tokens, traces=True)
     assert res["invalid_action_rate"] == 0.0 and res["score"] > 0
     clicks = [a for line in res["traces"] for a, _ in line["actions"] if a.startswith("click[")]

@@ -11,6 +11,7 @@ so spawned worker processes import it from here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import os
 import signal
@@ -22,6 +23,7 @@ import pytest
 from ray_fixtures import fake_ray, real_ray
 
 from envs.webshop_bridge import InProcessEnvPool, ProcessEnvPool, ShopSpec
+from envs.webshop_bridge.factory import pool_of
 
 TIMEOUT = 0.5
 
@@ -48,6 +50,7 @@ class StallingSpec(ShopSpec):
 
 
 SPEC = StallingSpec(kind="synthetic", num_products=60, seed=0)
+SESSIONS = functools.partial(pool_of, SPEC)  # what each Ray actor builds its sessions with
 GOALS = [0, 1, 2, 3]
 
 
@@ -136,7 +139,7 @@ def test_ray_pool_replaces_a_dead_actor_and_fails_its_rows(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", ray)
     from esjax.parallel.envpool_ray import RayEnvPool
 
-    with RayEnvPool(SPEC, len(GOALS), workers=2) as pool:
+    with RayEnvPool(SESSIONS, len(GOALS), workers=2) as pool:
         pool.reset(GOALS)
         dead = pool._actors[0]
         dead.dead = True  # every call to actor 0 now fails as a dead Ray actor's would
@@ -146,7 +149,7 @@ def test_ray_pool_replaces_a_dead_actor_and_fails_its_rows(monkeypatch):
                                                           None, "timeout: env actor 0 did not answer in time; replaced"]
         pool.reset_rows([0, 2], [0, 2])
         assert _failure(pool.step(["search[a]", None, "search[c]", None], timeout=TIMEOUT), 0) is None
-    with RayEnvPool(SPEC, 2, workers=2) as pool, pytest.raises(ray.exceptions.RayActorError):
+    with RayEnvPool(SESSIONS, 2, workers=2) as pool, pytest.raises(ray.exceptions.RayActorError):
         pool._actors[1].dead = True
         pool.reset([0, 1])  # outside a timed step a dead actor is an error, as before
 
@@ -160,7 +163,7 @@ def test_real_ray_pool_replaces_an_actor_that_stops_answering():
 
         cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors cannot import this test module
         try:
-            with RayEnvPool(SPEC, len(GOALS), workers=2) as pool:
+            with RayEnvPool(SESSIONS, len(GOALS), workers=2) as pool:
                 pool.reset(GOALS)
                 out = pool.step(["search[freeze]", "search[shoes]", None, None], timeout=TIMEOUT)
                 assert pool.restarts == 1

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -229,12 +230,12 @@ def shop():
 def _engine(shop, policy, rows=4, sigma=0.0, spec=None, max_steps=3, temperature=1.0, steps=2, unperturbed_turns=0,
             max_new_tokens=6):
     from envs.webshop_bridge import InProcessEnvPool
+    from envs.webshop_bridge.task import generate_agent
     from esjax.config import load_config
     from esjax.loop.generate_rollout import GenerateEngine
-    from esjax.train.parts import build_generate_agent
 
     config = load_config(None, ["agent.mode=generate", "agent.max_prompt_tokens=256"])
-    agent = build_generate_agent(config.agent, policy)
+    agent = generate_agent(policy, config.agent)
     return GenerateEngine(InProcessEnvPool(shop, rows), agent, policy.config, spec or NoiseSpec(seed=0, rank=1),
                           lambda v: sigma, max_steps, Sampling(temperature, 0.9, 20), max_new_tokens=max_new_tokens,
                           decode_steps=steps, max_prompt_tokens=256, unperturbed_turns=unperturbed_turns)
@@ -411,13 +412,14 @@ def test_invalid_actions_are_noops_and_counted(shop, hf_policy):
 
 
 def test_greedy_evaluation_reports_the_invalid_action_rate(shop, hf_policy):
+    from envs.webshop_bridge import InProcessEnvPool
+    from envs.webshop_bridge.task import generate_agent
     from esjax.config import load_config
-    from esjax.train.parts import build_generate_agent
     from esjax.train.standalone_eval import evaluate_policy
 
-    agent = build_generate_agent(load_config(None, ["agent.mode=generate", "agent.max_prompt_tokens=256"]).agent,
-                                 hf_policy)
-    res = evaluate_policy(hf_policy.config, hf_policy.params, agent, shop, [1500, 1501], max_steps=2,
+    agent = generate_agent(hf_policy, load_config(None, ["agent.mode=generate", "agent.max_prompt_tokens=256"]).agent)
+    res = evaluate_policy(hf_policy.config, hf_policy.params, agent, functools.partial(InProcessEnvPool, shop),
+                          [1500, 1501], max_steps=2,
                           max_new_tokens=4)
     assert res["score"] == 0.0 and res["invalid_action_rate"] == 1.0  # the random model never writes an action
 

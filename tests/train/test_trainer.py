@@ -131,10 +131,10 @@ def test_stale_members_are_rolled_out_with_their_own_versions_parameters(tmp_pat
 def test_evaluations_write_episode_traces(reference_run):
     """run.traces: eval (the default): traces/eval-v<version>.jsonl per evaluation, one line per goal."""
     from esjax.rundir.traces import SNIPPET_CHARS, read_traces
-    from esjax.train.parts import build_shop
+    from esjax.train.parts import load_task
 
     run_dir = reference_run.run_dir
-    shop = build_shop(load_config(run_dir / "config.yaml").env)
+    shop = load_task(load_config(run_dir / "config.yaml").env).data
     goals = list(shop.split("test"))[:6]
     evals = [r for r in reference_run.records if r["kind"] == "eval"]
     assert sorted(p.name for p in (run_dir / "traces").iterdir()) == [f"eval-v{r['version']}.jsonl" for r in evals]

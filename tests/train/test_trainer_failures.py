@@ -139,14 +139,15 @@ def test_human_goal_set_is_selectable_on_real_data(tmp_path):
     real products of the packaged set); synthetic data refuses it, naming the key."""
     from envs.webshop_bridge import load_webshop
     from esjax.config import ConfigError
-    from esjax.train.parts import build_shop
+    from esjax.train.parts import load_task
 
     asins = [p.asin for p in load_webshop("webshop_small").catalog.products[:3]]
     human = {asin: [{"instruction": f"i need item number {i}.", "instruction_attributes": ["quality"],
                      "instruction_options": []}] for i, asin in enumerate(asins)}
     path = tmp_path / "items_human_ins.json"
     path.write_text(json.dumps(human))
-    shop = build_shop(load_config(None, ["env.data=webshop_small", "env.goals=human", f"env.human_file={path}"]).env)
+    config = load_config(None, ["env.data=webshop_small", "env.goals=human", f"env.human_file={path}"])
+    shop = load_task(config.env).data
     assert len(shop.goals) == 3 and {g.kind for g in shop.goals} == {"human"}
     assert {g.asin for g in shop.goals} == set(asins)
     assert shop.goals[0].instruction_text.startswith("i need item number")
@@ -155,4 +156,4 @@ def test_human_goal_set_is_selectable_on_real_data(tmp_path):
     with pytest.raises(ConfigError, match="env.human_file"):
         load_config(None, ["env.data=webshop_small", "env.goals=human", f"env.human_file={tmp_path / 'none.json'}"])
     with pytest.raises(ConfigError, match="items_human_ins.json"):  # the packaged set has no human file
-        build_shop(load_config(None, ["env.data=webshop_small", "env.goals=human"]).env)
+        load_task(load_config(None, ["env.data=webshop_small", "env.goals=human"]).env)

@@ -144,14 +144,17 @@ def test_cli_as_module_and_bad_data(tmp_path):
     assert bad.returncode == 2 and "file or directory not found" in bad.stderr
 
 
-def test_bridge_imports_neither_esjax_nor_jax():
+def test_bridge_imports_no_jax_and_of_esjax_only_what_every_task_shares():
+    """The bridge stays light (env worker processes import it): importing it pulls in no JAX, and of esjax only the
+    pieces every task shares (the errors' base, the pools' row answers). WebShop as an esjax task (``task.py``, which
+    reads the config schema) is imported by the config that names it, not by the package."""
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); import envs.webshop_bridge;"
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('esjax', 'jax'));"
-            "print(bad)")
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('esjax', 'jax')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
-    assert out.stdout.strip() == "[]"
-    for path in (REPO / "envs" / "webshop_bridge").glob("*.py"):
-        assert "import esjax" not in path.read_text() and "from esjax" not in path.read_text()
+    imported = eval(out.stdout.strip())  # noqa: S307 - a printed list of module names
+    assert not [m for m in imported if m.split(".")[0] == "jax"]
+    assert set(imported) <= {"esjax", "esjax.errors", "esjax.loop", "esjax.loop.coordinator", "esjax.loop.envpool",
+                             "esjax.loop.staleness", "esjax.loop.tasks", "esjax.loop.types"}, imported
 
 
 def test_process_pool_in_a_script_without_main_guard_says_what_to_fix(tmp_path, python_child):
