@@ -44,6 +44,11 @@ class BabyAIMemory:
     mission: str
     actions: list[str] = dataclasses.field(default_factory=list)
 
+    @property
+    def instruction(self) -> str:
+        """The episode's goal in words, as every agent's memory names it (a trace line records it)."""
+        return self.mission
+
 
 def prompt_text(observation: str, memory: BabyAIMemory, memory_actions: int) -> str:
     """The prompt of one step (see the module's docstring)."""

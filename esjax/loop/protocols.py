@@ -71,7 +71,8 @@ class ScoringAgent(Protocol):
     score_norm: str  # 'mean' or 'sum' per-token log-likelihood
 
     def new_memory(self, instruction: str) -> Any:
-        """The memory of a new episode."""
+        """The memory of a new episode; it has an ``instruction`` attribute (the goal in words), which evaluation
+        traces record."""
         ...
 
     def step_inputs(self, observation: str, available: dict[str, Any], memory: Any
@@ -95,7 +96,8 @@ class GeneratingAgent(Protocol):
     automaton: ActionAutomaton  # where a reply first holds a complete action, token by token (decode path)
 
     def new_memory(self, instruction: str) -> Any:
-        """The memory of a new episode."""
+        """The memory of a new episode; it has an ``instruction`` attribute (the goal in words), which evaluation
+        traces record."""
         ...
 
     def prompt_ids(self, observation: str, available: dict[str, Any], memory: Any) -> list[int]:
