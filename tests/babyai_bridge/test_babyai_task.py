@@ -16,7 +16,7 @@ TINY = ["run.updates=2", "run.eval_every=2", "run.checkpoint_every=1", "run.plot
         "env.levels=[GoToLocal]"]  # the level the shipped policy wins most: members' fitness differ, so θ moves
 
 
-def test_babyai_yaml_trains_through_esjax_run(tmp_path):
+def test_babyai_yaml_trains_through_esjax_run_and_its_export_scores_alike(tmp_path, capsys):
     pytest.importorskip("minigrid")
     from esjax.cli.run import main
     from esjax.rundir.metrics import read_metrics
@@ -39,6 +39,19 @@ def test_babyai_yaml_trains_through_esjax_run(tmp_path):
                for line in lines for action, _ in line["actions"])
     summary = (run_dir / "summary.md").read_text()
     assert "episodes won" in summary and "steps / episode" in summary
+    # the eval and export round trip: the exported folder, evaluated alone with the run's settings (its esjax.json),
+    # scores exactly what the run's last evaluation did, goal for goal
+    from esjax.cli.eval import main as eval_main
+    from esjax.cli.export import main as export_main
+
+    assert export_main(["--run-dir", str(run_dir), "--out", str(tmp_path / "hf")]) == 0
+    capsys.readouterr()
+    assert eval_main(["--model", str(tmp_path / "hf"), "--json"]) == 0
+    alone = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert alone["score"] == pytest.approx(evals[-1]["score"])
+    final = [json.loads(x) for x in (run_dir / "traces" / "eval-v2.jsonl").read_text().splitlines()]
+    assert alone["goal_indices"] == [line["goal"] for line in final]
+    assert alone["rewards"] == pytest.approx([line["reward"] for line in final])
 
 
 def test_one_pool_resets_each_row_on_its_seeds_split():
