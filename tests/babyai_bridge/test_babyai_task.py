@@ -4,6 +4,7 @@ trains end to end through the public entry point, one pool serves every split by
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -16,16 +17,24 @@ TINY = ["run.updates=2", "run.eval_every=2", "run.checkpoint_every=1", "run.plot
         "env.levels=[GoToLocal]"]  # the level the shipped policy wins most: members' fitness differ, so θ moves
 
 
-def test_babyai_yaml_trains_through_esjax_run_and_its_export_scores_alike(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def babyai_run(tmp_path_factory):
+    """configs/babyai.yaml, tiny, trained once through esjax.run (checkpoints after updates 1 and 2)."""
     pytest.importorskip("minigrid")
     from esjax.cli.run import main
-    from esjax.rundir.metrics import read_metrics
 
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path_factory.mktemp("babyai") / "run"
     args = ["--config", str(BABYAI), "--run-dir", str(run_dir)]
     for item in TINY:
         args += ["--set", item]
     assert main(args) == 0
+    return run_dir
+
+
+def test_babyai_yaml_trains_through_esjax_run_and_its_export_scores_alike(babyai_run, tmp_path, capsys):
+    from esjax.rundir.metrics import read_metrics
+
+    run_dir = babyai_run
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["version"] for r in records if r.get("kind") == "update"] == [1, 2]
     evals = [r for r in records if r.get("kind") == "eval"]
@@ -52,6 +61,24 @@ def test_babyai_yaml_trains_through_esjax_run_and_its_export_scores_alike(tmp_pa
     final = [json.loads(x) for x in (run_dir / "traces" / "eval-v2.jsonl").read_text().splitlines()]
     assert alone["goal_indices"] == [line["goal"] for line in final]
     assert alone["rewards"] == pytest.approx([line["reward"] for line in final])
+
+
+def test_a_babyai_run_resumes_bit_identically_from_its_first_checkpoint(babyai_run, tmp_path):
+    from conftest import same_bits
+    from run_settings import read_records
+
+    from esjax.cli.run import main
+    from esjax.rundir.metrics import untimed
+    from esjax.train.parts import load_run
+
+    run_dir = tmp_path / "killed"
+    shutil.copytree(babyai_run, run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / "2")  # as if killed right after checkpoint 1
+    assert main(["--resume", str(run_dir)]) == 0
+    assert untimed(read_records(run_dir)) == untimed(read_records(babyai_run))
+    assert same_bits(load_run(run_dir)[2], load_run(babyai_run)[2])
+    for name in ("eval-v0.jsonl", "eval-v2.jsonl"):
+        assert (run_dir / "traces" / name).read_bytes() == (babyai_run / "traces" / name).read_bytes()
 
 
 def test_one_pool_resets_each_row_on_its_seeds_split():
