@@ -111,3 +111,23 @@ def test_splits_never_overlap_and_bad_keys_name_themselves():
         load_config(BABYAI, ["env.level_weights=[1, 2]"])
     with pytest.raises(ConfigError, match="env.data"):  # a WebShop key is not a BabyAI key
         load_config(BABYAI, ["env.data=webshop_small"])
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # ray.init starts its processes
+def test_ray_pool_trains_babyai_like_the_in_process_pool(babyai_run, tmp_path):
+    """``env.pool: ray``: BabyAI sessions in Ray actors built from the task's picklable recipe give the in-process
+    run's records, traces and θ exactly."""
+    from conftest import same_bits
+    from ray_fixtures import real_ray
+    from run_settings import read_records
+
+    from esjax.rundir.metrics import untimed
+    from esjax.train.parts import load_run
+    from esjax.train.session import train
+
+    with real_ray():
+        result = train(load_config(BABYAI, [*TINY, "env.pool=ray", "env.workers=2"]), run_dir=tmp_path / "run")
+    assert untimed(read_records(result.run_dir)) == untimed(read_records(babyai_run))
+    for name in ("eval-v0.jsonl", "eval-v2.jsonl"):
+        assert (result.run_dir / "traces" / name).read_bytes() == (babyai_run / "traces" / name).read_bytes()
+    assert same_bits(result.params, load_run(babyai_run)[2])
