@@ -295,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", type=Path, default=RESULTS_FILE, help="the results page (written unless --quick)")
     p.add_argument("--demo-goals", type=int, default=1000, help="train goals the bot plays")
     p.add_argument("--noise", type=float, default=0.2, help="share of demonstration steps that execute a random move")
-    p.add_argument("--steps", type=int, default=1000, help="optimizer steps")
+    p.add_argument("--steps", type=int, default=4000, help="optimizer steps")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.01)
