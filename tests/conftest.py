@@ -247,6 +247,27 @@ def uneven_episodes(monkeypatch, engine_cls) -> None:
     monkeypatch.setattr(engine_cls, "step_budget", uneven)
 
 
+def interrupt_after_first_update(proc: subprocess.Popen, run_dir: Path, timeout: float = 300) -> str:
+    """Send SIGINT to a ``python -m esjax.run`` child once its first update record is written (the run well under
+    way), wait for it to exit and return its stderr; kills it if it outlives ``timeout``."""
+    import signal
+    import time
+
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            metrics = run_dir / "metrics.jsonl"
+            if metrics.is_file() and '"kind": "update"' in metrics.read_text():
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        proc.send_signal(signal.SIGINT)
+        return proc.communicate(timeout=timeout)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def free_port() -> int:
     """A local TCP port nobody listens on right now (for a child's distributed coordinator)."""
     with socket.socket() as s:

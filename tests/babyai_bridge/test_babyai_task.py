@@ -140,12 +140,10 @@ def test_sigint_keeps_a_checkpoint_of_a_babyai_run_and_its_resume_is_bit_identic
     """Ctrl-C sent to a real ``python -m esjax.run --config configs/babyai.yaml`` child before its first checkpoint:
     it checkpoints the tick and exits 130; the resume ends where an uninterrupted run ends."""
     pytest.importorskip("minigrid")
-    import signal
     import subprocess
     import sys
-    import time
 
-    from conftest import same_bits, theta_moved
+    from conftest import interrupt_after_first_update, same_bits, theta_moved
     from run_settings import read_records
 
     from esjax.rundir.metrics import untimed
@@ -158,19 +156,7 @@ def test_sigint_keeps_a_checkpoint_of_a_babyai_run_and_its_resume_is_bit_identic
         argv += ["--set", item]
     proc = subprocess.Popen(argv, env=child_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None:
-            metrics = run_dir / "metrics.jsonl"
-            if metrics.is_file() and '"kind": "update"' in metrics.read_text():
-                break  # an update was applied, and no checkpoint exists yet
-            time.sleep(0.05)
-        assert proc.poll() is None, proc.communicate()[1][-2000:]
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    err = interrupt_after_first_update(proc, run_dir)
     assert proc.returncode == 130, err[-2000:]
     steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
     assert len(steps) == 1 and 1 <= steps[0] < 5, err[-2000:]

@@ -22,15 +22,13 @@ earns reward 0 everywhere, so its θ never moves; the test asserts that fitness 
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import REPO, same_bits, theta_moved
+from conftest import REPO, interrupt_after_first_update, same_bits, theta_moved
 from reliability import record
 from run_settings import embedded, read_records
 
@@ -208,20 +206,7 @@ def test_sigint_mid_run_checkpoints_the_tick_and_the_resume_is_bit_identical(tmp
     proc = subprocess.Popen([sys.executable, "-m", "esjax.run", "--config", str(config_file), "--run-dir",
                              str(run_dir)], env=child_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None:
-            metrics = run_dir / "metrics.jsonl"
-            if metrics.is_file() and '"kind": "update"' in metrics.read_text():
-                break  # an update was applied: the run is well under way, and no checkpoint exists yet
-            time.sleep(0.05)
-        assert proc.poll() is None, proc.communicate()[1][-2000:]
-        assert not (run_dir / "checkpoints").is_dir() or not _steps(run_dir)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    err = interrupt_after_first_update(proc, run_dir)  # checkpoint_every 1000: the SIGINT checkpoint is the only one
     assert proc.returncode == 130, err[-2000:]
     steps = _steps(run_dir)
     assert len(steps) == 1 and 1 <= steps[0] < UPDATES + 3, err[-2000:]
