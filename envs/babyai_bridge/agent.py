@@ -23,6 +23,8 @@ import dataclasses
 import functools
 from typing import Any
 
+from esjax.agent.tokenizer import keep_head_and_tail
+
 from .text import ACTION_TEXTS
 
 #: Prompts kept tokenized (least recently used dropped): the members of one version play the same goals.
@@ -96,12 +98,7 @@ class BabyAIAgent:
         return prompt_text(observation, memory, self.memory_actions)
 
     def encode_prompt(self, text: str) -> list[int]:
-        ids = self.encode(text)
-        limit = self.max_prompt_tokens
-        if len(ids) > limit:
-            head = limit // 2
-            ids = ids[:head] + ids[len(ids) - (limit - head):]
-        return ids
+        return keep_head_and_tail(self.encode(text), self.max_prompt_tokens)
 
     def encode_candidate(self, candidate: Any) -> list[int]:
         """The ids of a candidate's text (a shared list: do not modify)."""

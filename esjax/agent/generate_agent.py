@@ -33,6 +33,7 @@ import numpy as np
 
 from esjax.agent.automaton import ActionAutomaton
 from esjax.agent.pieces import AsciiPieces
+from esjax.agent.tokenizer import keep_head_and_tail
 
 ACTION = re.compile(r"\b(search|click)\[([^\[\]\n]*)\]", re.IGNORECASE)
 ACTION_NAMES = (b"search", b"click")  # ACTION's names, for its automaton over token ids
@@ -133,11 +134,7 @@ class GenerateAgent:
         """A rendered prompt's ids within ``max_prompt_tokens`` (head and tail kept); ``encode_prompt`` is this,
         cached by text."""
         ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
-        limit = self.max_prompt_tokens
-        if len(ids) > limit:
-            head = limit // 2
-            ids = ids[:head] + ids[len(ids) - (limit - head):]
-        return ids
+        return keep_head_and_tail(ids, self.max_prompt_tokens)
 
     # -------------------------------------------------------------------------------------------- replies
     def reply_choices(self, available: Mapping[str, Any], memory: GenMemory) -> list[tuple[int, ...]] | None:

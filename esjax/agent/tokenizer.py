@@ -1,7 +1,8 @@
 """A small byte-level BPE tokenizer trained on shop text, for policies trained from scratch.
 
 The embedded default policy and the ``model.source: random`` test policies use it. It is deterministic:
-the same texts and vocabulary size give the same ``tokenizer.json``.
+the same texts and vocabulary size give the same ``tokenizer.json``. :func:`keep_head_and_tail` is how every agent
+fits a prompt's ids into its budget.
 """
 
 from __future__ import annotations
@@ -29,3 +30,12 @@ def train_bpe(texts: Iterable[str], vocab_size: int = 1024, whole_pieces: Iterab
     if pieces:
         tokenizer.add_tokens([AddedToken(p, normalized=False) for p in pieces])
     return tokenizer
+
+
+def keep_head_and_tail(ids: list[int], limit: int) -> list[int]:
+    """``ids`` within ``limit`` tokens: all of them when they fit, else the first half of the budget and the last
+    (a prompt's head holds the goal, its tail the latest state and the cue to act; the middle is what can go)."""
+    if len(ids) <= limit:
+        return ids
+    head = limit // 2
+    return ids[:head] + ids[len(ids) - (limit - head):]

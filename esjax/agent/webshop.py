@@ -28,6 +28,8 @@ import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from esjax.agent.tokenizer import keep_head_and_tail
+
 SEP = " [SEP] "
 _BUTTONS = {"back to search", "next >", "< prev", "description", "features", "reviews", "buy now", "search"}
 _PRICE = re.compile(r"^\$[\d,.]+( to \$[\d,.]+)?$")
@@ -219,12 +221,7 @@ class WebShopAgent:
         return self.chat_template(chat_messages(observation, available, memory, candidates))
 
     def encode_prompt(self, text: str) -> list[int]:
-        ids = self.encode(text)
-        limit = self.max_prompt_tokens
-        if len(ids) > limit:
-            head = limit // 2
-            ids = ids[:head] + ids[len(ids) - (limit - head):]
-        return ids
+        return keep_head_and_tail(self.encode(text), self.max_prompt_tokens)
 
     def encode_candidate(self, candidate: Candidate) -> list[int]:
         """The candidate's ids (a shared list: do not modify). Cached by its text, which is hashed once, instead
