@@ -13,17 +13,15 @@ are the env's "episode is over" no-ops).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from esjax.loop.envpool import RowStep, collect_step, failed_step
+
 from .env import BabyAITextEnv
 from .levels import DEFAULT_MIX, LevelMix
-
-#: The info of a row a step left alone (one shared read-only mapping).
-SKIPPED: Mapping[str, Any] = MappingProxyType({"skipped": True})
 
 
 class BabyAIEnvPool:
@@ -58,27 +56,29 @@ class BabyAIEnvPool:
     def step(self, actions: Sequence[str | None], timeout: float | None = None
              ) -> tuple[list[str], np.ndarray, np.ndarray, list[dict[str, Any]]]:
         self._check(actions)
-        n = len(self.envs)
-        rewards = np.zeros(n)
-        infos: list = [SKIPPED] * n
-        for i, a in enumerate(actions):
-            if a is None:
-                continue
+        live = [(i, a) for i, a in enumerate(actions) if a is not None]
+        return collect_step(len(self.envs), live, self.step_rows(live, timeout), self._obs, self._done)
+
+    def step_rows(self, items: Sequence[tuple[int, str]], timeout: float | None = None) -> list[RowStep]:
+        """Step ``(row, action)`` items one row at a time, in order; a row whose step raises or outlasted
+        ``timeout`` fails alone (its steps are no-ops until it is reset)."""
+        outs = []
+        for i, action in items:
             start = time.monotonic()
             try:
-                obs, reward, done, info = self.envs[i].step(a)
+                out = self.envs[i].step(action)
             except Exception as err:  # noqa: BLE001 - a failing session ends only its own episode
                 text = str(err).splitlines()[0][:200] if str(err) else ""
-                obs, reward, done, info = self._fail(i, f"error: {err.__class__.__name__}: {text}".rstrip(": "))
+                out = self._fail(i, f"error: {err.__class__.__name__}: {text}".rstrip(": "))
             else:
                 if timeout is not None and time.monotonic() - start > timeout:
-                    obs, reward, done, info = self._fail(i, f"timeout: env step took longer than {timeout:g} s")
-            self._obs[i], rewards[i], self._done[i], infos[i] = obs, reward, done, info
-        return list(self._obs), rewards, self._done.copy(), infos
+                    out = self._fail(i, f"timeout: env step took longer than {timeout:g} s")
+            outs.append(out)
+        return outs
 
-    def _fail(self, i: int, reason: str) -> tuple[str, float, bool, dict[str, Any]]:
+    def _fail(self, i: int, reason: str) -> RowStep:
         self.envs[i].done = True  # its steps are no-ops until it is reset
-        return "", 0.0, True, {"failure": reason}
+        return failed_step(reason)
 
     def available_actions(self, rows: Sequence[int] | None = None) -> list[dict[str, Any]]:
         return [self.envs[i].available_actions() for i in self._rows(rows)]
