@@ -131,6 +131,12 @@ class Task:
 
     # -- behaviour measures and settings ---------------------------------------------------------------------------
 
+    @staticmethod
+    def is_success(reward: float) -> bool:
+        """Whether an episode with ``reward`` was won (the success rate of evaluations). Default: the full reward,
+        1.0, WebShop's rule; a task whose winning rewards vary (BabyAI's shrink with the steps taken) overrides it."""
+        return reward == 1.0  # the records' default too (esjax.rundir.stats.full_marks)
+
     def behaviour(self, lines: Iterable[dict[str, Any]]) -> dict[str, float | None]:
         """What a greedy agent did, from an evaluation's trace lines (:mod:`esjax.rundir.traces`): the measures
         :attr:`behaviour_rows` name, and any others."""

@@ -107,6 +107,11 @@ class BabyAITask(Task):
         return BabyAIAgent(policy.tokenizer, max_prompt_tokens=settings.max_prompt_tokens,
                            score_norm=settings.score_norm)
 
+    @staticmethod
+    def is_success(reward: float) -> bool:
+        """Won: minigrid pays a reward (1 − 0.9·steps/max_steps, at least ~0.1) only on success, 0 otherwise."""
+        return reward > 0.0
+
     def behaviour(self, lines: Iterable[dict[str, Any]]) -> dict[str, float | None]:
         episodes = won = steps = limited = 0
         for line in lines:

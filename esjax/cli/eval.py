@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
 
     agent = build_agent(config.agent, policy, config.model.source, task)
     result = evaluate_policy(policy.config, params, agent, task.pool, goals, config.env.max_steps,
-                             traces=bool(args.traces), max_new_tokens=config.agent.max_new_tokens)
+                             traces=bool(args.traces), max_new_tokens=config.agent.max_new_tokens,
+                             is_success=task.is_success)
     traces = result.pop("traces", None)
     if traces is not None:
         from esjax.rundir.traces import write_traces

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -83,11 +83,17 @@ def wilson_interval(successes: int, n: int) -> tuple[float, float] | None:
     return low, high
 
 
-def eval_intervals(rewards: Sequence[float]) -> dict[str, float]:
-    """The interval fields of an ``eval`` record (score and success rate, 95%), empty with fewer than 2 goals."""
+def full_marks(reward: float) -> bool:
+    """An episode's success by default (:meth:`esjax.task.Task.is_success`): the full reward, WebShop's 1.0."""
+    return reward == 1.0
+
+
+def eval_intervals(rewards: Sequence[float], is_success: Callable[[float], bool] = full_marks) -> dict[str, float]:
+    """The interval fields of an ``eval`` record (score and success rate, 95%; an episode succeeds when
+    ``is_success(reward)``, the task's rule), empty with fewer than 2 goals."""
     rewards = [float(r) for r in rewards]
     score = score_interval(rewards)
-    success = wilson_interval(sum(r == 1.0 for r in rewards), len(rewards))
+    success = wilson_interval(sum(map(is_success, rewards)), len(rewards))
     if score is None or success is None:
         return {}
     return {"score_ci_low": score[0], "score_ci_high": score[1],

@@ -6,12 +6,13 @@ loop state holds them exactly and a resume continues them where they were.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from esjax.loop.types import Job
-from esjax.rundir.stats import eval_intervals
+from esjax.rundir.stats import eval_intervals, full_marks
 from esjax.rundir.traces import TraceRecorder
 
 
@@ -38,11 +39,13 @@ class EvalProgress:
     def complete(self) -> bool:
         return len(self.rewards) == len(self.goals)
 
-    def record(self, wall_time: float) -> dict[str, Any]:
+    def record(self, wall_time: float, is_success: Callable[[float], bool] = full_marks) -> dict[str, Any]:
+        """The ``eval`` record; ``is_success``: the task's rule for a won episode (:meth:`esjax.task.Task.is_success`)."""
         rewards = np.array([self.rewards[p] for p in range(len(self.goals))], np.float64)
         return {"kind": "eval", "version": self.version, "score": float(100 * rewards.mean()),
-                "success_rate": float(np.mean(rewards == 1.0)), "mean_reward": float(rewards.mean()),
-                **eval_intervals(rewards.tolist()),  # 95% over goals: t interval (score), Wilson (success rate)
+                "success_rate": float(np.mean([is_success(r) for r in rewards.tolist()])),
+                "mean_reward": float(rewards.mean()),
+                **eval_intervals(rewards.tolist(), is_success),  # 95% over goals: t interval (score), Wilson (success rate)
                 "goals": len(self.goals), "wall_time": wall_time, "eval_seconds": wall_time - self.started_wall,
                 **({} if self.invalid_actions is None else {"invalid_actions": self.invalid_actions})}
 

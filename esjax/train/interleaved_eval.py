@@ -107,7 +107,7 @@ class Evaluations:
             # written before the record: a record in metrics.jsonl means its traces exist
             if self.settings.traces and self.traces_dir is not None:
                 write_traces(self.traces_dir / f"eval-v{ev.version}.jsonl", (ev.traces[p] for p in sorted(ev.traces)))
-            record = ev.record(self.clock())
+            record = ev.record(self.clock(), self.settings.is_success)
             self.running.pop(ev.eval_id)
             if not any(e.version == ev.version for e in self.running.values()):
                 self.params.pop(ev.version, None)

@@ -8,8 +8,11 @@ health limits.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from esjax.config import Config
+from esjax.rundir.stats import full_marks
+from esjax.task import task_class
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +34,7 @@ class LoopSettings:
     max_steps: int  # env.max_steps (trace lines)
     max_constant_fitness_updates: int | None
     max_nonfinite_updates: int
+    is_success: Callable[[float], bool] = full_marks  # the task's won-episode rule (Task.is_success): eval records
 
     @classmethod
     def from_config(cls, config: Config, process_count: int = 1) -> LoopSettings:
@@ -44,4 +48,5 @@ class LoopSettings:
                    traces=run.traces == "eval", generate=config.agent.mode == "generate",
                    max_retries=env.max_retries, max_steps=env.max_steps,
                    max_constant_fitness_updates=run.max_constant_fitness_updates,
-                   max_nonfinite_updates=run.max_nonfinite_updates)
+                   max_nonfinite_updates=run.max_nonfinite_updates,
+                   is_success=task_class(env.task).is_success)

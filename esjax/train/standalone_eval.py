@@ -16,15 +16,17 @@ from esjax.es.noise import NoiseSpec
 from esjax.loop.protocols import EnvPool, GeneratingAgent, ScoringAgent
 from esjax.loop.rollout import RolloutEngine
 from esjax.model.config import ModelConfig
-from esjax.rundir.stats import eval_intervals
+from esjax.rundir.stats import eval_intervals, full_marks
 from esjax.rundir.traces import TraceRecorder
 
 
 def evaluate_policy(model_config: ModelConfig, params: Any, agent: ScoringAgent | GeneratingAgent,
                     make_pool: Callable[[int], EnvPool], goals: list[int], max_steps: int, batch: int = 256,
                     traces: bool = False, max_new_tokens: int = 32,
-                    engine_cls: type[RolloutEngine] = RolloutEngine) -> dict[str, Any]:
-    """Score (100 × mean reward), success rate (share of reward 1.0), their 95% intervals over goals, and per
+                    engine_cls: type[RolloutEngine] = RolloutEngine,
+                    is_success: Callable[[float], bool] = full_marks) -> dict[str, Any]:
+    """Score (100 × mean reward), success rate (share of episodes ``is_success`` calls won: by default reward 1.0; a
+    task's :meth:`~esjax.task.Task.is_success`), their 95% intervals over goals, and per
     goal: the goal index, reward and success flag, of ``goals`` played in a pool of up to ``batch`` sessions,
     ``make_pool(n)`` (a task's :meth:`esjax.task.Task.pool`; WebShop: ``functools.partial(InProcessEnvPool,
     shop)``). ``traces``: also each episode's trace line (:mod:`esjax.rundir.traces`) under ``"traces"``, in goal
@@ -62,10 +64,11 @@ def evaluate_policy(model_config: ModelConfig, params: Any, agent: ScoringAgent 
             if recorder is not None:
                 lines[episode.position] = recorder.line(episode.position, episode, episode.reward, max_steps,
                                                         position=episode.position)
+    won = [bool(is_success(r)) for r in rewards.tolist()]
     out = {"score": float(100 * rewards.mean()) if len(goals) else 0.0,
-           "success_rate": float(np.mean(rewards == 1.0)) if len(goals) else 0.0,
-           **eval_intervals(rewards.tolist()), "goals": len(goals), "goal_indices": [int(g) for g in goals],
-           "rewards": rewards.tolist(), "success": (rewards == 1.0).tolist()}
+           "success_rate": float(np.mean(won)) if len(goals) else 0.0,
+           **eval_intervals(rewards.tolist(), is_success), "goals": len(goals),
+           "goal_indices": [int(g) for g in goals], "rewards": rewards.tolist(), "success": won}
     if generating:  # written actions can be invalid (the env's no-op)
         out["invalid_action_rate"] = invalid / actions if actions else 0.0
     if recorder is not None:

@@ -100,6 +100,10 @@ def test_eval_intervals():
     record = eval_intervals([1.0, 0.0, 0.25])
     assert record["score_ci_low"] < 100 * 1.25 / 3 < record["score_ci_high"]
     assert 0 < record["success_ci_low"] < 1 / 3 < record["success_ci_high"] < 1
+    # a task's own success rule (BabyAI: any positive reward) counts 2 of 3 won, not 1
+    anything = eval_intervals([1.0, 0.0, 0.25], is_success=lambda r: r > 0)
+    assert anything["score_ci_low"] == record["score_ci_low"]
+    assert (anything["success_ci_low"], anything["success_ci_high"]) == pytest.approx(wilson_interval(2, 3))
 
 
 def _line(actions, end="bought", steps=None, reward=0.0):
