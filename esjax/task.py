@@ -115,8 +115,15 @@ class Task:
         return None
 
     def process_pool(self, n: int, workers: int) -> EnvPool:
-        """``n`` env sessions spread over ``workers`` worker processes (``env.pool: process``)."""
-        raise TaskError(f"env.pool: 'process' is not available for task {type(self).__name__} (use inprocess)")
+        """``n`` env sessions spread over ``workers`` worker processes (``env.pool: process``): by default
+        :class:`~esjax.loop.envpool_process.ProcessEnvPool` over :meth:`pool_recipe`."""
+        recipe = self.pool_recipe()
+        if recipe is None:
+            raise TaskError(f"env.pool: 'process' is not available for task {type(self).__name__} (it has no pool "
+                            "recipe, Task.pool_recipe)")
+        from esjax.loop.envpool_process import ProcessEnvPool
+
+        return ProcessEnvPool(recipe, n, workers=workers)
 
     # -- agents ----------------------------------------------------------------------------------------------------
 

@@ -114,11 +114,6 @@ class WebShopTask(Task):
     def pool_recipe(self):
         return functools.partial(pool_of, self.spec)
 
-    def process_pool(self, n: int, workers: int):
-        from .process_pool import ProcessEnvPool
-
-        return ProcessEnvPool(self.spec, n, workers=workers)
-
     def score_agent(self, policy, settings, prompt_style: str):
         from esjax.agent.webshop import WebShopAgent
 

@@ -1,8 +1,9 @@
 """What every env pool shares, whatever its task: one row's step answer, a failed row, the info of a row a step
 left alone, and a pool's ``step`` answer assembled from the rows it stepped.
 
-The pools of a task package (``envs.webshop_bridge.pool.InProcessEnvPool``, its ``ProcessEnvPool``) and the core's
-(``esjax.parallel.envpool_ray.RayEnvPool``, ``esjax.parallel.envrows.ProcessRowsPool``) answer
+The pools of a task package (``envs.webshop_bridge.pool.InProcessEnvPool``, BabyAI's ``BabyAIEnvPool``) and the core's
+(``esjax.loop.envpool_process.ProcessEnvPool``, ``esjax.parallel.envpool_ray.RayEnvPool``,
+``esjax.parallel.envrows.ProcessRowsPool``) answer
 :meth:`esjax.loop.protocols.EnvPool.step` with these, so a failed or skipped row looks the same from every pool.
 """
 

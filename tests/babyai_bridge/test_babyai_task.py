@@ -1,8 +1,7 @@
 """BabyAI plugged in through the task seam (``env.task: babyai``, envs/babyai_bridge/task.py): configs/babyai.yaml
 trains end to end through the public entry point, and the trainer's guarantees hold on it (issue 55, item 7): the
-eval and export round trip, bit-identical resume from a checkpoint and after Ctrl-C, the Ray pool giving the
-in-process run's records; one pool serves every split by seed, and its keys are validated. (``env.pool: process``
-is WebShop's only so far.)"""
+eval and export round trip, bit-identical resume from a checkpoint and after Ctrl-C, the process and Ray pools
+giving the in-process run's records; one pool serves every split by seed, and its keys are validated."""
 
 from __future__ import annotations
 
@@ -64,6 +63,12 @@ def test_babyai_yaml_trains_through_esjax_run_and_its_export_scores_alike(babyai
     final = [json.loads(x) for x in (run_dir / "traces" / "eval-v2.jsonl").read_text().splitlines()]
     assert alone["goal_indices"] == [line["goal"] for line in final]
     assert alone["rewards"] == pytest.approx([line["reward"] for line in final])
+    # BabyAI's success is any positive reward (minigrid's shrinks with the steps taken; WebShop's rule, reward 1.0,
+    # would count none): the run's records and the standalone evaluation agree on it
+    for record, rewards in ((evals[0], [line["reward"] for line in lines]), (evals[-1], alone["rewards"])):
+        assert record["success_rate"] == pytest.approx(sum(r > 0 for r in rewards) / len(rewards))
+    assert alone["success"] == [r > 0 for r in alone["rewards"]] and alone["success_rate"] == evals[-1]["success_rate"]
+    assert any(0 < r < 1 for r in alone["rewards"] + [line["reward"] for line in lines])  # won, not full marks
 
 
 def test_a_babyai_run_resumes_bit_identically_from_its_first_checkpoint(babyai_run, tmp_path):
@@ -117,9 +122,12 @@ def test_splits_never_overlap_and_bad_keys_name_themselves():
 
 
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # ray.init starts its processes
-def test_ray_pool_trains_babyai_like_the_in_process_pool(babyai_run, tmp_path):
-    """``env.pool: ray``: BabyAI sessions in Ray actors built from the task's picklable recipe give the in-process
-    run's records, traces and θ exactly."""
+@pytest.mark.parametrize("pool", ["process", "ray"])
+def test_process_and_ray_pools_train_babyai_like_the_in_process_pool(babyai_run, tmp_path, pool):
+    """``env.pool: process`` and ``env.pool: ray``: BabyAI sessions in worker processes or Ray actors, each built from
+    the task's picklable recipe, give the in-process run's records, traces and θ exactly."""
+    import contextlib
+
     from conftest import same_bits
     from ray_fixtures import real_ray
     from run_settings import read_records
@@ -128,8 +136,8 @@ def test_ray_pool_trains_babyai_like_the_in_process_pool(babyai_run, tmp_path):
     from esjax.train.parts import load_run
     from esjax.train.session import train
 
-    with real_ray():
-        result = train(load_config(BABYAI, [*TINY, "env.pool=ray", "env.workers=2"]), run_dir=tmp_path / "run")
+    with real_ray() if pool == "ray" else contextlib.nullcontext():
+        result = train(load_config(BABYAI, [*TINY, f"env.pool={pool}", "env.workers=2"]), run_dir=tmp_path / "run")
     assert untimed(read_records(result.run_dir)) == untimed(read_records(babyai_run))
     for name in ("eval-v0.jsonl", "eval-v2.jsonl"):
         assert (result.run_dir / "traces" / name).read_bytes() == (babyai_run / "traces" / name).read_bytes()

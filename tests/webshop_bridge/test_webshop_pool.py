@@ -146,14 +146,15 @@ def test_cli_as_module_and_bad_data(tmp_path):
 
 def test_bridge_imports_no_jax_and_of_esjax_only_what_every_task_shares():
     """The bridge stays light (env worker processes import it): importing it pulls in no JAX, and of esjax only the
-    pieces every task shares (the errors' base, the pools' row answers). WebShop as an esjax task (``task.py``, which
-    reads the config schema) is imported by the config that names it, not by the package."""
+    pieces every task shares (the errors' base, the pools' row answers and worker processes). WebShop as an esjax
+    task (``task.py``, which reads the config schema) is imported by the config that names it, not by the package."""
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); import envs.webshop_bridge;"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('esjax', 'jax')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     imported = eval(out.stdout.strip())  # noqa: S307 - a printed list of module names
     assert not [m for m in imported if m.split(".")[0] == "jax"]
     assert set(imported) <= {"esjax", "esjax.errors", "esjax.loop", "esjax.loop.coordinator", "esjax.loop.envpool",
+                             "esjax.loop.envpool_process",
                              "esjax.loop.staleness", "esjax.loop.tasks", "esjax.loop.types"}, imported
 
 
