@@ -37,14 +37,25 @@ DEFAULT_OUT = RESULTS / "learning"
 BASE = REPO / "configs" / "default.yaml"
 #: Settings named ``gen-...`` tune generate mode (issue 36): overrides on top of this config instead.
 GENERATE_BASE = REPO / "configs" / "generate.yaml"
+#: Settings named ``babyai-...`` choose the BabyAI setting (issue 55, item 4): overrides on top of this config.
+BABYAI_BASE = REPO / "configs" / "babyai.yaml"
 
 
 def base_of(setting: str) -> Path:
+    if setting.startswith("babyai-"):
+        return BABYAI_BASE
     return GENERATE_BASE if setting.startswith("gen-") else BASE
 
+
 #: Every run of the study: the eval split, no plots, no mid-run evaluation (before and after only).
-COMMON = ["env.eval_split=eval", "env.eval_goals=500", "run.plots=false", "run.progress=false", "run.traces=eval",
+COMMON = ["env.eval_split=eval", "run.plots=false", "run.progress=false", "run.traces=eval",
           "run.checkpoint_every=1000", "run.keep_checkpoints=1"]
+#: WebShop's eval goals per evaluation (BabyAI keeps its config's ``env.eval_goals``).
+WEBSHOP_EVAL = ["env.eval_goals=500"]
+
+
+def common_of(setting: str) -> list[str]:
+    return COMMON if setting.startswith("babyai-") else [*COMMON, *WEBSHOP_EVAL]
 
 NORMS = ["es.scope=all", "es.include=['norm/scale$']", "es.exclude=[]"]
 KERNELS = ["es.scope=matrices", "es.include=['/kernel$']", "es.exclude=[]"]
@@ -125,6 +136,16 @@ SETTINGS: dict[str, tuple[str, list[str]]] = {
                         "es.learning_rate_schedule=cosine", "es.sigma_final=0.02", "es.sigma_schedule=cosine"]),
     "main-zscore-lr0.01": ("z-score shaping instead of centered ranks, lr 0.01",
                            ["es.shaping=z_score", "es.learning_rate=0.01"]),
+    # Issue 55, item 4: ES on BabyAI (configs/babyai.yaml: the embedded BabyAI policy, every kernel, r 1, σ 0.05,
+    # lr 0.01, N 16, 4 train instances per member, 20 updates, natural async K = 1, 200 eval instances), run with
+    # --out experiments/results/babyai/study.
+    "babyai-base": ("configs/babyai.yaml as first written (N 16, 4 instances per member, lr 0.01, 20 updates)", []),
+    "babyai-g16": ("16 instances per member", ["env.tasks_per_member=16"]),
+    "babyai-g16-lr0.02": ("16 instances per member, lr 0.02", ["env.tasks_per_member=16", "es.learning_rate=0.02"]),
+    "babyai-N32-g8": ("N 32 (32 slots), 8 instances per member",
+                      ["es.population=32", "schedule.slots=32", "env.tasks_per_member=8"]),
+    "babyai-g16-s0.02-lr0.004": ("16 instances per member, σ 0.02, lr 0.004",
+                                 ["env.tasks_per_member=16", "es.sigma=0.02", "es.learning_rate=0.004"]),
     # Generate mode (issue 36), on configs/generate.yaml (the provisional generative policy; σ 0.05 breaks it):
     "gen-base": ("configs/generate.yaml as shipped (σ 0.02, lr 0.0005, N 32 × 8 goals, temperature 0.3)", []),
     "gen-lr0.0003": ("lr 0.0003 (a third of the step: two probe-2 trials rose by v10 and fell by v20)",
@@ -145,13 +166,22 @@ def is_finished(run_dir: Path) -> bool:
     return (run_dir / "study.json").is_file()
 
 
+def run_task(run_dir: Path):
+    """The task of a run directory (its saved ``config.yaml``'s ``env.task``)."""
+    from esjax.config import load_config
+    from esjax.task import task_class
+
+    config = load_config(run_dir / "config.yaml")
+    return task_class(config.env.task)(config.env)
+
+
 def finish_records(run_dir: Path) -> dict:
     """Behaviour before/after from the evaluation traces into ``behaviour.json``, then the run compacted
     (:func:`records.compact_run`: traces gzipped, checkpoints and plots dropped)."""
-    from envs.webshop_bridge.behaviour import behaviour
     from esjax.rundir.traces import first_and_last_traces
 
-    out = {str(v): behaviour(lines) for v, lines in first_and_last_traces(run_dir / "traces").items()}
+    task = run_task(run_dir)
+    out = {str(v): task.behaviour(lines) for v, lines in first_and_last_traces(run_dir / "traces").items()}
     (run_dir / "behaviour.json").write_text(json.dumps(out, indent=1) + "\n")
     compact_run(run_dir)
     return out
@@ -161,7 +191,7 @@ def run_one(setting: str, seed: int, run_dir: Path, policy: Path | None = None) 
     from esjax.config import load_config
     from esjax.train.session import train
 
-    overrides = [*SETTINGS[setting][1], *COMMON, f"run.seed={seed}", f"run.name={setting}-seed{seed}"]
+    overrides = [*SETTINGS[setting][1], *common_of(setting), f"run.seed={seed}", f"run.name={setting}-seed{seed}"]
     if policy is not None:  # a candidate starting policy (an HF folder) instead of the embedded one
         overrides += ["model.source=hf", f"model.path={policy}"]
     base = base_of(setting)
@@ -173,12 +203,15 @@ def run_one(setting: str, seed: int, run_dir: Path, policy: Path | None = None) 
     seconds = time.perf_counter() - started
     finish_records(run_dir)
     evals = [r for r in result.records if r.get("kind") == "eval"]
-    status = {"setting": setting, "seed": seed, "seconds": seconds, "before": evals[0]["score"],
+    status = {"setting": setting, "task": config.env.task, "seed": seed, "seconds": seconds,
+              "before": evals[0]["score"],
               "after": evals[-1]["score"], "overrides": overrides}
     (run_dir / "study.json").write_text(json.dumps(status, indent=1) + "\n")
     return status
 
 
+#: WebShop's measures in the report (records written before study.json named its task are WebShop's); other tasks
+#: report their own :attr:`esjax.task.Task.behaviour_rows`.
 BEHAVIOUR_KEYS = (("option_clicks_per_item_page", "option clicks / item page", "{:.2f}"),
                   ("item_pages_with_option_click", "item pages with an option click", "{:.0%}"),
                   ("option_clicks_named_in_instruction", "option clicks the instruction names", "{:.0%}"),
@@ -202,8 +235,19 @@ def collect(out: Path) -> dict[str, list[dict]]:
             "seed": status["seed"], "before": evals[0]["score"], "after": evals[-1]["score"],
             "success_before": evals[0]["success_rate"], "success_after": evals[-1]["success_rate"],
             "seconds": status["seconds"], "commit": (info.get("git_commit") or "?")[:7],
+            "task": status.get("task", "webshop"),
             "behaviour": (behaviour[versions[0]], behaviour[versions[-1]])})
     return found
+
+
+def behaviour_rows(tasks: list[str]) -> tuple[tuple[str, str, str], ...]:
+    """The behaviour rows of the named tasks (each task's :attr:`esjax.task.Task.behaviour_rows`, in order)."""
+    from esjax.task import task_class
+
+    rows: dict[str, tuple[str, str, str]] = {}
+    for name in tasks:
+        rows.update({row[0]: row for row in task_class(name).behaviour_rows})
+    return tuple(rows.values())
 
 
 def report(out: Path) -> str:
@@ -225,14 +269,16 @@ def report(out: Path) -> str:
                      f"{100 * np.mean([r['success_before'] for r in runs]):.1f}% → "
                      f"{100 * np.mean([r['success_after'] for r in runs]):.1f}% | "
                      f"{np.mean([r['seconds'] for r in runs]) / 60:.1f} | {commits} |")
+    tasks = sorted({r["task"] for runs in found.values() for r in runs})
+    rows = BEHAVIOUR_KEYS if tasks in ([], ["webshop"]) else behaviour_rows(tasks)
     lines += ["", "What the greedy agent did before → after (means over the setting's seeds, from the evaluation "
-                  "traces; `envs.webshop_bridge.behaviour.behaviour`):", "",
-              "| setting | " + " | ".join(label for _, label, _ in BEHAVIOUR_KEYS) + " |",
-              "|---|" + "---|" * len(BEHAVIOUR_KEYS)]
+                  f"traces; the {' and '.join(tasks) or 'webshop'} task's measures):", "",
+              "| setting | " + " | ".join(label for _, label, _ in rows) + " |",
+              "|---|" + "---|" * len(rows)]
     for name in order:
         runs = found[name]
         cells = []
-        for key, _, fmt in BEHAVIOUR_KEYS:
+        for key, _, fmt in rows:
             if not all(key in r["behaviour"][0] for r in runs):  # runs recorded before the measure existed
                 cells.append("n/a")
                 continue

@@ -158,6 +158,7 @@ def test_every_learning_study_setting_loads_on_its_base_config():
     from experiments import learning_study
 
     for name, (_, overrides) in learning_study.SETTINGS.items():
-        config = load_config(learning_study.base_of(name), [*overrides, *learning_study.COMMON])
+        config = load_config(learning_study.base_of(name), [*overrides, *learning_study.common_of(name)])
         assert config.env.eval_split == "eval"  # settings are chosen on the eval split, never the test goals
         assert (config.agent.mode == "generate") == name.startswith("gen-"), name
+        assert (config.env.task == "babyai") == name.startswith("babyai-"), name
