@@ -146,6 +146,17 @@ SETTINGS: dict[str, tuple[str, list[str]]] = {
                       ["es.population=32", "schedule.slots=32", "env.tasks_per_member=8"]),
     "babyai-g16-s0.02-lr0.004": ("16 instances per member, σ 0.02, lr 0.004",
                                  ["env.tasks_per_member=16", "es.sigma=0.02", "es.learning_rate=0.004"]),
+    # The policy's kernels have entries of SD 0.05-0.10 (norm 18.8): σ 0.05 perturbs them by about their own size, and
+    # lr / σ = 0.2 moves them by ~5 (a quarter of their norm) per update. Smaller steps, or the 320 norm scales:
+    "babyai-norms-g8": ("norm scales only (320 parameters), σ 0.2, lr 0.25 (the first WebShop recipe), 8 instances",
+                        [*NORMS, "es.sigma=0.2", "es.learning_rate=0.25", "env.tasks_per_member=8"]),
+    "babyai-s0.01-adam-g8": ("every kernel, σ 0.01, Adam lr 0.001 (~0.3 per update), 8 instances",
+                             ["es.sigma=0.01", "es.optimizer=adam", "es.learning_rate=0.001",
+                              "env.tasks_per_member=8"]),
+    "babyai-s0.01-lr0.0003-g8": ("every kernel, σ 0.01, lr 0.0003 (lr / σ 0.03: ~0.7 per update), 8 instances",
+                                 ["es.sigma=0.01", "es.learning_rate=0.0003", "env.tasks_per_member=8"]),
+    "babyai-norms-g8-lr0.1": ("norm scales only, σ 0.1, lr 0.1, 8 instances",
+                              [*NORMS, "es.sigma=0.1", "es.learning_rate=0.1", "env.tasks_per_member=8"]),
     # Generate mode (issue 36), on configs/generate.yaml (the provisional generative policy; σ 0.05 breaks it):
     "gen-base": ("configs/generate.yaml as shipped (σ 0.02, lr 0.0005, N 32 × 8 goals, temperature 0.3)", []),
     "gen-lr0.0003": ("lr 0.0003 (a third of the step: two probe-2 trials rose by v10 and fell by v20)",

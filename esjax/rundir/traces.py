@@ -12,6 +12,7 @@ and by ``python -m esjax.eval --traces FILE``.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections.abc import Hashable, Iterable
@@ -102,13 +103,20 @@ def write_traces(path: str | Path, lines: Iterable[dict[str, Any]]) -> Path:
 
 
 def read_traces(path: str | Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The lines of a traces file, plain or gzipped (``.jsonl.gz``: the committed records' form)."""
+    path = Path(path)
+    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    return [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
 
 
 def first_and_last_traces(traces_dir: str | Path) -> dict[int, list[dict[str, Any]]]:
-    """The trace lines of the first and the last ``eval-v<version>.jsonl`` in a run's traces folder, by version."""
-    files = {int(p.stem.split("-v")[1]): p for p in Path(traces_dir).glob("eval-v*.jsonl")
-             if p.stem.split("-v")[1].isdigit()}
+    """The trace lines of the first and the last ``eval-v<version>.jsonl`` (or ``.jsonl.gz``) in a run's traces
+    folder, by version."""
+    files = {}
+    for path in Path(traces_dir).glob("eval-v*.jsonl*"):
+        version = path.name.split("-v")[1].split(".")[0]
+        if version.isdigit() and path.name.endswith((".jsonl", ".jsonl.gz")):
+            files[int(version)] = path
     if not files:
         return {}
     return {v: read_traces(files[v]) for v in sorted({min(files), max(files)})}

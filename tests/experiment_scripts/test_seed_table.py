@@ -48,3 +48,21 @@ def test_mixed_machines_are_each_counted(tmp_path):
     assert text.rstrip().endswith("Machine (each run's run.json, resumes included): AMD EPYC, 2 cores (2 of 2 runs); "
                                   "Intel(R) Xeon(R) Processor, 2 cores (1 of 2 runs).")
     assert "| 0 | 60.0 | 70.0 | 70.0 | **+10.0** |" in text and "5.0 min | abcdef0 |" in text
+
+
+def test_steps_per_episode_come_from_the_gzipped_traces_of_the_first_and_last_evaluation(tmp_path):
+    """BabyAI's Done-means report steps per episode before and after: read from the committed (gzipped) traces."""
+    import gzip
+
+    for seed, (before, after) in ((0, ([10, 20], [4, 6])), (1, ([30, 10], [8, 8]))):
+        run_dir = tmp_path / f"seed{seed}"
+        _run(run_dir, seed, ["AMD EPYC"])
+        (run_dir / "traces").mkdir()
+        for version, steps in ((0, before), (30, after)):
+            lines = "".join(json.dumps({"goal": g, "steps": n, "reward": 0.5}) + "\n" for g, n in enumerate(steps))
+            (run_dir / "traces" / f"eval-v{version}.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+    rows = seed_table.seed_rows(tmp_path)
+    assert [r["steps"] for r in rows] == [(15.0, 5.0), (20.0, 8.0)]
+    text = seed_table.table(rows)
+    assert "| 15.0 → 5.0 |" in text and "steps per episode 17.5 → 6.5." in text
+    assert "success rate Δ +0.0 points" in text
