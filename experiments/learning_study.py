@@ -186,14 +186,21 @@ def run_task(run_dir: Path):
     return task_class(config.env.task)(config.env)
 
 
-def finish_records(run_dir: Path) -> dict:
-    """Behaviour before/after from the evaluation traces into ``behaviour.json``, then the run compacted
-    (:func:`records.compact_run`: traces gzipped, checkpoints and plots dropped)."""
+def measure_behaviour(run_dir: Path) -> dict:
+    """Behaviour before/after from the evaluation traces (plain or gzipped) into ``behaviour.json``: the run's task's
+    measures (:meth:`esjax.task.Task.behaviour`)."""
     from esjax.rundir.traces import first_and_last_traces
 
     task = run_task(run_dir)
     out = {str(v): task.behaviour(lines) for v, lines in first_and_last_traces(run_dir / "traces").items()}
     (run_dir / "behaviour.json").write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+def finish_records(run_dir: Path) -> dict:
+    """:func:`measure_behaviour`, then the run compacted (:func:`records.compact_run`: traces gzipped, checkpoints and
+    plots dropped)."""
+    out = measure_behaviour(run_dir)
     compact_run(run_dir)
     return out
 
@@ -309,8 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", type=Path, help="start from this HF policy folder instead of the embedded one")
     parser.add_argument("--list", action="store_true", help="print the runs and their state, then exit")
     parser.add_argument("--report", action="store_true", help="print the tables of every finished run under --out")
+    parser.add_argument("--remeasure", action="store_true", help="measure every finished run's behaviour.json again "
+                                                                 "from its committed traces (after a measure changed)")
     args = parser.parse_args(argv)
-    if args.report:
+    if args.remeasure:
+        for status_file in sorted(args.out.glob("*/seed*/study.json")):
+            measure_behaviour(status_file.parent)
+    if args.report or args.remeasure:
         print(report(args.out), end="")
         return 0
     names = [s.strip() for s in args.settings.split(",") if s.strip()]

@@ -4,9 +4,10 @@ A goal index is the instance's minigrid seed (:data:`~envs.babyai_bridge.levels.
 from 1.0·10^9, test from 1.1·10^9), so the three splits never overlap and one pool serves train and held-out goals
 alike: :class:`SeedPool` resets a row on the split its seed belongs to. Its ``env`` keys (:class:`BabyAIOptions`):
 ``levels`` and ``level_weights``, the level mix (default: GoToLocal, PickupLoc, PutNextLocal and GoTo, equal
-weights; experiments/results/babyai_horizons.md says why). Pools: in this process, or in Ray actors from a picklable
-recipe. Agent: :class:`~envs.babyai_bridge.agent.BabyAIAgent` (score mode: the six action phrases are the
-candidates). Behaviour measures: success, steps per episode, episodes the level's own step limit ended.
+weights; experiments/results/babyai_horizons.md says why). Pools: in this process, or in Ray actors or worker
+processes from a picklable recipe. Agent: :class:`~envs.babyai_bridge.agent.BabyAIAgent` (score mode: the six
+action phrases are the candidates). Behaviour measures: success, steps per episode, episodes a step limit ended (the
+level's own or env.max_steps).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class BabyAITask(Task):
     Options = BabyAIOptions
     behaviour_rows = (("success_rate", "episodes won", "{:.0%}"),
                       ("steps_per_episode", "steps / episode", "{:.1f}"),
-                      ("level_limit_hits", "ended by the level's step limit", "{:.0%}"))
+                      ("step_limit_hits", "ended by a step limit (the level's or env.max_steps)", "{:.0%}"))
 
     def load(self) -> LevelMix:
         env = self.env
@@ -118,8 +119,8 @@ class BabyAITask(Task):
             episodes += 1
             won += float(line.get("reward", 0.0)) > 0
             steps += int(line.get("steps", 0))
-            limited += line.get("end") == "env_step_limit"  # minigrid's truncation (the trainer's cap: max_steps)
+            limited += line.get("end") in ("env_step_limit", "max_steps")  # minigrid's truncation or env.max_steps
         if not episodes:
-            return {"success_rate": None, "steps_per_episode": None, "level_limit_hits": None}
+            return {"success_rate": None, "steps_per_episode": None, "step_limit_hits": None}
         return {"success_rate": won / episodes, "steps_per_episode": steps / episodes,
-                "level_limit_hits": limited / episodes}
+                "step_limit_hits": limited / episodes}

@@ -40,12 +40,12 @@ class EvalProgress:
         return len(self.rewards) == len(self.goals)
 
     def record(self, wall_time: float, is_success: Callable[[float], bool] = full_marks) -> dict[str, Any]:
-        """The ``eval`` record; ``is_success``: the task's rule for a won episode (:meth:`esjax.task.Task.is_success`)."""
+        """The ``eval`` record; ``is_success``: the task's rule for a won episode (``Task.is_success``)."""
         rewards = np.array([self.rewards[p] for p in range(len(self.goals))], np.float64)
         return {"kind": "eval", "version": self.version, "score": float(100 * rewards.mean()),
                 "success_rate": float(np.mean([is_success(r) for r in rewards.tolist()])),
                 "mean_reward": float(rewards.mean()),
-                **eval_intervals(rewards.tolist(), is_success),  # 95% over goals: t interval (score), Wilson (success rate)
+                **eval_intervals(rewards.tolist(), is_success),  # 95%: t interval (score), Wilson (success rate)
                 "goals": len(self.goals), "wall_time": wall_time, "eval_seconds": wall_time - self.started_wall,
                 **({} if self.invalid_actions is None else {"invalid_actions": self.invalid_actions})}
 

@@ -106,6 +106,16 @@ def test_one_pool_resets_each_row_on_its_seeds_split():
         split_of_seed(SPLITS["test"].base + SPLITS["test"].size)
 
 
+def test_behaviour_counts_wins_by_positive_reward_and_both_step_limits():
+    from envs.babyai_bridge.task import BabyAITask
+
+    lines = [{"reward": 0.82, "steps": 10, "end": "no_action"}, {"reward": 0.0, "steps": 64, "end": "env_step_limit"},
+             {"reward": 0.0, "steps": 128, "end": "max_steps"}, {"reward": 0.0, "steps": 3, "end": "env_failure"}]
+    assert BabyAITask.behaviour(None, lines) == {"success_rate": 0.25, "steps_per_episode": 51.25,
+                                                 "step_limit_hits": 0.5}
+    assert BabyAITask.is_success(0.09999999999999998) and not BabyAITask.is_success(0.0)  # 1 - 0.9: the least win
+
+
 def test_splits_never_overlap_and_bad_keys_name_themselves():
     config = load_config(BABYAI)
     from esjax.task import task_class
