@@ -157,6 +157,12 @@ SETTINGS: dict[str, tuple[str, list[str]]] = {
                                  ["es.sigma=0.01", "es.learning_rate=0.0003", "env.tasks_per_member=8"]),
     "babyai-norms-g8-lr0.1": ("norm scales only, σ 0.1, lr 0.1, 8 instances",
                               [*NORMS, "es.sigma=0.1", "es.learning_rate=0.1", "env.tasks_per_member=8"]),
+    "babyai-N32-g8-T0.05": ("N 32, 8 instances, near-greedy training rollouts (T 0.05): fitness is what the greedy "
+                            "evaluation scores, loops included", ["es.population=32", "schedule.slots=32",
+                                                                  "env.tasks_per_member=8", "agent.temperature=0.05"]),
+    "babyai-N32-g8-lr0.005": ("N 32, 8 instances, lr 0.005 (half the step)",
+                              ["es.population=32", "schedule.slots=32", "env.tasks_per_member=8",
+                               "es.learning_rate=0.005"]),
     # Generate mode (issue 36), on configs/generate.yaml (the provisional generative policy; σ 0.05 breaks it):
     "gen-base": ("configs/generate.yaml as shipped (σ 0.02, lr 0.0005, N 32 × 8 goals, temperature 0.3)", []),
     "gen-lr0.0003": ("lr 0.0003 (a third of the step: two probe-2 trials rose by v10 and fell by v20)",
