@@ -163,6 +163,9 @@ SETTINGS: dict[str, tuple[str, list[str]]] = {
     "babyai-N32-g8-lr0.005": ("N 32, 8 instances, lr 0.005 (half the step)",
                               ["es.population=32", "schedule.slots=32", "env.tasks_per_member=8",
                                "es.learning_rate=0.005"]),
+    "babyai-80u": ("N 16, 4 instances, 80 updates (four times as many steps of configs/babyai.yaml's size)",
+                   ["run.updates=80"]),
+    "babyai-80u-lr0.005": ("N 16, 4 instances, 80 updates at lr 0.005", ["run.updates=80", "es.learning_rate=0.005"]),
     # Generate mode (issue 36), on configs/generate.yaml (the provisional generative policy; σ 0.05 breaks it):
     "gen-base": ("configs/generate.yaml as shipped (σ 0.02, lr 0.0005, N 32 × 8 goals, temperature 0.3)", []),
     "gen-lr0.0003": ("lr 0.0003 (a third of the step: two probe-2 trials rose by v10 and fell by v20)",
