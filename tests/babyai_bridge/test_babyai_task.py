@@ -44,7 +44,7 @@ def test_babyai_yaml_trains_through_esjax_run_and_its_export_scores_alike(babyai
     assert any(r["kind"] == "update" and r["fitness_max"] > r["fitness_min"] and r["update_norm"] > 0
                for r in records)
     lines = [json.loads(x) for x in (run_dir / "traces" / "eval-v0.jsonl").read_text().splitlines()]
-    assert len(lines) == 4 and all(1_000_000_000 <= line["goal"] < 1_100_000_000 for line in lines)  # eval seeds
+    assert len(lines) == 4 and all(1_100_000_000 <= line["goal"] < 1_100_100_000 for line in lines)  # test seeds
     assert all(line["instruction"].startswith("go to") and 1 <= line["steps"] <= 24 for line in lines)
     assert all(action in ("turn left", "turn right", "go forward", "pick up", "drop", "toggle")
                for line in lines for action, _ in line["actions"])
