@@ -159,3 +159,30 @@ def test_the_protocols_report_script_is_an_erratum():
     deviations = text.split("## Deviations from the protocol")[1].split("## Margin")[0]
     assert "Found later (issue 57): the protocol names `experiments/report.py`" in deviations
     assert "`experiments/study_report.py` (2e794ae" in deviations
+
+
+def test_the_paper_table_has_all_six_cells_once_both_families_are_complete(tmp_path):
+    """Issue 57: one table in the paper's order, every cell's verdict from its own family's Holm correction and the
+    published Δ beside it; nothing of it while a family is incomplete (no interim look)."""
+    cells = {"sync": [0.0] * 8, "async-G4": [0.1] * 8, "delay8": [0.2] * 8, "all-stale-k1": [0.3] * 8,
+             "async-K1": [0.3, -0.2, 0.1, -0.1, 0.2, -0.3, 0.0, 0.1]}
+    root = _study(tmp_path, {**cells, "delay4": [-9.8, -10.2, -10.0, -9.9, -10.1, -10.3, -9.7, -10.0][:7]})
+    table = study_report.render(root, POWER).split("## The paper's table: all six cells")[1].split("## Reprod")[0]
+    assert table.strip() == "Given when both families are complete." and "-10" not in table
+    _write_run(root / "webshop_small" / "delay4" / "seed107", 107, 70.0 + 3.5 - 10.0)
+    text = study_report.render(root, POWER)
+    table = text.split("## The paper's table: all six cells")[1].split("## Reprod")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| cell")]
+    assert [row.split(" | ")[0] for row in rows] == ["| sync (reference)", "| async-K1", "| async-G4", "| delay4",
+                                                     "| delay8", "| all-stale-k1"]
+    by_name = {row.split(" | ")[0].lstrip("| "): row for row in rows}
+    assert by_name["sync (reference)"].startswith("| sync (reference) | 0.00 | score 60.0 → 71.8 |")
+    assert "| worse / worse |" in by_name["delay4"] and by_name["delay4"].endswith("| -1.6 |")
+    assert "| -10.00 [" in by_name["delay4"]
+    assert "| equivalent / equivalent |" in by_name["async-K1"]
+    assert by_name["async-G4"].startswith("| async-G4 | 0.09 | +0.10 [+0.10, +0.10] |")
+    assert by_name["async-G4"].endswith("| +0.5 |") and by_name["delay8"].endswith("| -3.1 |")
+    # each row's verdict is the one its family section gives (Holm within the family, not over six)
+    for name in ("async-G4", "delay4"):
+        family_row = next(line for line in text.splitlines() if line.startswith(f"| {name} | final score |"))
+        assert family_row.split(" | ")[-1].split(" (m =")[0].removesuffix(" within m") in by_name[name]
