@@ -117,13 +117,17 @@ class Task:
     def process_pool(self, n: int, workers: int) -> EnvPool:
         """``n`` env sessions spread over ``workers`` worker processes (``env.pool: process``): by default
         :class:`~esjax.loop.envpool_process.ProcessEnvPool` over :meth:`pool_recipe`."""
-        recipe = self.pool_recipe()
-        if recipe is None:
-            raise TaskError(f"env.pool: 'process' is not available for task {type(self).__name__} (it has no pool "
-                            "recipe, Task.pool_recipe)")
         from esjax.loop.envpool_process import ProcessEnvPool
 
-        return ProcessEnvPool(recipe, n, workers=workers)
+        return ProcessEnvPool(self.required_recipe("process"), n, workers=workers)
+
+    def required_recipe(self, pool: str) -> Callable[[int], EnvPool]:
+        """:meth:`pool_recipe`, or the one-line error that ``env.pool: <pool>`` needs one."""
+        recipe = self.pool_recipe()
+        if recipe is None:
+            raise TaskError(f"env.pool: {pool!r} is not available for task {type(self).__name__} (it has no pool "
+                            "recipe, Task.pool_recipe)")
+        return recipe
 
     # -- agents ----------------------------------------------------------------------------------------------------
 

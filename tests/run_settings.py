@@ -1,8 +1,10 @@
-"""Run settings the training tests share: ``--set`` lists for small runs, and reading a run's records."""
+"""Run settings the training tests share: ``--set`` lists for small runs, reading a run's records, and a run killed
+after a checkpoint (for resume tests)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +51,25 @@ def es_config_of(config: Any):
     from esjax.train.parts import build_es_config
 
     return build_es_config(config.es, config.run.seed, config.run.updates)
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """The steps of a run's checkpoints, oldest first."""
+    return sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+
+
+def killed_after(source: Path, step: int, run_dir: Path) -> Path:
+    """A copy of the run directory ``source`` as a run killed right after its checkpoint ``step`` left it: later
+    checkpoints gone, and the traces of evaluations not finished at ``step`` (the resumed run writes them again)."""
+    from esjax.rundir.checkpoint import read_loop_state
+
+    shutil.copytree(source, run_dir)
+    for later in checkpoint_steps(run_dir):
+        if later > step:
+            shutil.rmtree(run_dir / "checkpoints" / str(later))
+    loop = read_loop_state(run_dir, step)
+    finished = set(loop["evaluated_versions"]) - {ev["version"] for ev in loop["evals"]}
+    for path in (run_dir / "traces").iterdir():
+        if int(path.stem.removeprefix("eval-v")) not in finished:
+            path.unlink()
+    return run_dir

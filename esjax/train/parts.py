@@ -92,10 +92,7 @@ def _local_pool(env: EnvSection, task: Task, capacity: int) -> EnvPool:
     try:
         if env.pool == "process":
             return task.process_pool(capacity, env.workers)
-        recipe = task.pool_recipe()
-        if recipe is None:
-            raise TaskError(f"env.pool: 'ray' is not available for task {env.task!r} (it has no pool recipe, "
-                            "Task.pool_recipe)")
+        recipe = task.required_recipe("ray")
     except TaskError as err:
         raise ConfigError(str(err)) from None
     from esjax.parallel.envpool_ray import RayEnvPool

@@ -216,8 +216,10 @@ def test_the_tasks_keys_are_validated_with_the_config():
         load_config(None, [f"env.task={TASK}", "env.data=webshop_small"])
     with pytest.raises(ConfigError, match=r"env.task: .*cannot import"):
         load_config(None, ["env.task=no_such_package.tasks:Game"])
-    with pytest.raises(ConfigError, match=r"env.pool: 'process' is not available"):
-        from esjax.train.parts import build_pool, build_task
+    from esjax.train.parts import build_pool, build_task
 
-        env = load_config(None, [f"env.task={TASK}", "env.pool=process"]).env
-        build_pool(env, build_task(env), 2)
+    for pool in ("process", "ray"):  # both need the task's pool recipe, which this one does not have
+        env = load_config(None, [f"env.task={TASK}", f"env.pool={pool}"]).env
+        with pytest.raises(ConfigError, match=rf"env.pool: '{pool}' is not available for task CountingTask \(it has "
+                                              r"no pool recipe"):
+            build_pool(env, build_task(env), 2)

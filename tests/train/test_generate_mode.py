@@ -476,14 +476,13 @@ def resumes_are_bit_identical(reference, records, tmp_path, steps: list[int] | N
     ``steps``) and resumed, ends with the same θ, the same records (``records``: the reference's, untimed) and the
     same trace files."""
     from conftest import same_bits
-    from run_settings import read_records
-    from test_trainer_resume import _steps, killed_after
+    from run_settings import checkpoint_steps, killed_after, read_records
 
     from esjax.config import load_config
     from esjax.rundir.metrics import untimed
     from esjax.train.session import train
 
-    for step in _steps(reference.run_dir)[:-1] if steps is None else steps:
+    for step in checkpoint_steps(reference.run_dir)[:-1] if steps is None else steps:
         run_dir = killed_after(reference.run_dir, step, tmp_path / f"from-{step}")
         resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
         assert same_bits(resumed.params, reference.params)
@@ -498,8 +497,7 @@ def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch, constra
     checkpoint lands with turns in progress (partial replies), so the re-prefill path is exercised (with
     ``constrain: all``, also the re-derivation of which choices a partial reply still matches)."""
     from conftest import reward_by_trace, theta_moved
-    from run_settings import read_records
-    from test_trainer_resume import _steps
+    from run_settings import checkpoint_steps, read_records
 
     from esjax.config import load_config
     from esjax.loop.generate_rollout import GenerateEngine
@@ -520,7 +518,7 @@ def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch, constra
     assert [r["version"] for r in records if r["kind"] == "eval"] == [0, 2, 3]
     assert reference.version == 3
     assert all(r["invalid_actions"] > 0 for r in records if r["kind"] in ("update", "eval"))
-    steps = _steps(reference.run_dir)
+    steps = checkpoint_steps(reference.run_dir)
     partial = [s for s in steps[:-1] if any(e["partial"] for e in read_loop_state(reference.run_dir, s)["episodes"])]
     assert partial, "no checkpoint caught a reply in progress: the test would not exercise the re-prefill"
     # from every checkpoint once (free replies); constrained, from the first that holds a reply in progress

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, interrupt_after_first_update, same_bits, theta_moved
 from reliability import record
-from run_settings import embedded, read_records
+from run_settings import checkpoint_steps, embedded, killed_after, read_records
 
 from esjax.config import config_to_yaml, load_config
 from esjax.rundir.checkpoint import read_loop_state
@@ -58,25 +58,6 @@ def _trace_files(run_dir: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted((run_dir / "traces").iterdir())}
 
 
-def _steps(run_dir: Path) -> list[int]:
-    return sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
-
-
-def killed_after(source: Path, step: int, run_dir: Path) -> Path:
-    """A copy of the run directory ``source`` as a run killed right after its checkpoint ``step`` left it: later
-    checkpoints gone, and the traces of evaluations not finished at ``step`` (the resumed run writes them again)."""
-    shutil.copytree(source, run_dir)
-    for later in _steps(run_dir):
-        if later > step:
-            shutil.rmtree(run_dir / "checkpoints" / str(later))
-    loop = read_loop_state(run_dir, step)
-    finished = set(loop["evaluated_versions"]) - {ev["version"] for ev in loop["evals"]}
-    for path in (run_dir / "traces").iterdir():
-        if int(path.stem.removeprefix("eval-v")) not in finished:
-            path.unlink()
-    return run_dir
-
-
 @pytest.fixture(scope="module", params=list(SCHEDULES))
 def reference(request, tmp_path_factory):
     kind = request.param
@@ -92,7 +73,7 @@ def test_every_version_is_its_own_step(reference):
     assert result.version == UPDATES
     assert [r["version"] for r in updates] == list(range(1, UPDATES + 1))
     assert [r["version"] for r in records if r["kind"] == "eval"] == [0, 2, 4, 5]  # eval_every 2, and the end
-    assert _steps(result.run_dir) == list(range(1, UPDATES + 1))  # checkpoint_every 1
+    assert checkpoint_steps(result.run_dir) == list(range(1, UPDATES + 1))  # checkpoint_every 1
     assert all(sum(r["cohort_lag_hist"]) == POPULATION for r in updates)
     if kind == "all_stale":  # results held for k = 2 updates come due together: several updates in one tick
         assert max(Counter(r["tick"] for r in updates).values()) >= 2
@@ -101,7 +82,7 @@ def test_every_version_is_its_own_step(reference):
     assert any(r["fitness_std"] > 0 for r in updates), (
         "every member earned the same reward: pick a policy / env setting where fitness varies, or the resume "
         "test compares nothing")
-    for step in _steps(result.run_dir):
+    for step in checkpoint_steps(result.run_dir):
         loop = read_loop_state(result.run_dir, step)
         assert loop["coordinator"]["version"] == step  # θ and the coordinator at the checkpoint's version
         finished_unreported = [j for j, data in loop["jobs"].items() if len(data["rewards"]) == TASKS]
@@ -111,7 +92,7 @@ def test_every_version_is_its_own_step(reference):
 def test_resume_from_every_checkpoint_is_bit_identical(reference, tmp_path):
     kind, result = reference
     reference_records = read_records(result.run_dir)
-    steps = _steps(result.run_dir)
+    steps = checkpoint_steps(result.run_dir)
     assert steps == list(range(1, UPDATES + 1)) and theta_moved(reference_records)
     for step in steps:
         run_dir = killed_after(result.run_dir, step, tmp_path / f"from-{step}")
@@ -154,7 +135,7 @@ def test_resuming_a_finished_run_changes_nothing(reference, tmp_path):
     resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
     assert (run_dir / "metrics.jsonl").read_bytes() == before  # no evaluation or record appended
     assert resumed.version == UPDATES and same_bits(resumed.params, result.params)
-    assert _steps(run_dir) == _steps(result.run_dir)
+    assert checkpoint_steps(run_dir) == checkpoint_steps(result.run_dir)
 
 
 def test_every_dispatched_job_is_accounted_for(reference):
@@ -183,7 +164,7 @@ def test_resume_from_a_tick_end_checkpoint_is_bit_identical(tmp_path):
     result = train(config, run_dir=tmp_path / "reference")
     reference_records = read_records(result.run_dir)
     assert theta_moved(reference_records)
-    steps = _steps(result.run_dir)
+    steps = checkpoint_steps(result.run_dir)
     assert steps == list(range(UPDATES + 1))  # version 0 too: long before checkpoint_every would have saved
     assert read_loop_state(result.run_dir, 0)["episodes"]  # a tick end with episodes in flight
     for step in (0, UPDATES - 2):
@@ -208,7 +189,7 @@ def test_sigint_mid_run_checkpoints_the_tick_and_the_resume_is_bit_identical(tmp
                             text=True)
     err = interrupt_after_first_update(proc, run_dir)  # checkpoint_every 1000: the SIGINT checkpoint is the only one
     assert proc.returncode == 130, err[-2000:]
-    steps = _steps(run_dir)
+    steps = checkpoint_steps(run_dir)
     assert len(steps) == 1 and 1 <= steps[0] < UPDATES + 3, err[-2000:]
     lines = [line for line in err.splitlines() if line.strip()]
     assert any(line.startswith("SIGINT: writing a checkpoint at the end of this tick") for line in lines)
