@@ -94,11 +94,14 @@ DEVIATIONS = (
     "Secondary family, fourth session (7 Dec 2026, from 17:57 UTC): on restarting the odd-seed shard, a search of "
     "its log for run durations also printed five finished runs' scores before the family was complete (async-K1 "
     "seeds 107, 109 and 111: final 69.8, 74.7 and 73.1; delay4 seeds 107 and 109: 68.5 and 71.7). As in deviation "
-    "6, the analysis was fixed before any run and nothing was changed after. The reproducibility check was made "
-    "again for issue 57, this time keeping its eight re-runs' records (committed under "
-    "`experiments/results/study/reproducibility/`, checked by `python -m experiments.study_reproduce --check`): "
-    "one process at the commit named in the check's section below, beside the family's last runs (two heavy "
-    "processes), not after them.",
+    "6, the analysis was fixed before any run and nothing was changed after. To finish within the session the "
+    "odd-seed shard was stopped (SIGINT, delay4 seed 113 at its version-26 checkpoint) and its last seeds split "
+    "over two processes, {113, 117, 121} and {115, 119, 123} (all cells of a seed in one process, as in deviation "
+    "3; delay4 seed 113 resumed from that checkpoint). The reproducibility check was made again for issue 57, "
+    "this time keeping its eight re-runs' records (committed under `experiments/results/study/reproducibility/`, "
+    "checked by `python -m experiments.study_reproduce --check`), at the commit named in the check's section "
+    "below: it started beside the family's last runs and was paused (SIGSTOP) while they ran in two processes, "
+    "then finished after them.",
 )
 #: Departures found later (issue 57's check of the records against the text), listed after the others.
 ERRATA = (
