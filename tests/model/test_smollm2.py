@@ -160,17 +160,18 @@ def test_bfloat16_logits_within_tolerance(smol):
 # ---------------------------------------------------------------------------------------------------------
 
 #: the shipped config cut to the least that still checkpoints mid-run and evaluates twice: 2 updates of 2 members,
-#: one goal each, 2-step episodes, short replies (the full config's figures: BENCHMARKS.md)
+#: one goal each, 2-step episodes, short replies. σ is raised from 0.001 to 0.05: with replies constrained to the
+#: page's actions, members 0.001 apart wrote the same actions, so every fitness was equal and θ could not move
 SMALL_ES = ["run.updates=2", "run.eval_every=2", "run.checkpoint_every=1", "run.keep_checkpoints=10",
-            "run.progress=false", "es.population=2", "schedule.slots=2", "env.tasks_per_member=1",
+            "run.progress=false", "es.population=2", "schedule.slots=2", "es.sigma=0.05", "env.tasks_per_member=1",
             "env.eval_goals=1", "env.max_steps=2", "agent.max_new_tokens=12"]
 
 
 @pytest.mark.slow
 def test_es_on_the_real_model_moves_theta_resumes_bit_identically_and_exports(smol, tmp_path, monkeypatch):
-    """ES with rank-1 members on every kernel of the 30 layers (the shipped SmolLM2 config): θ moves, a run killed
-    after its first checkpoint and resumed ends bit-identical (θ, records, traces), and the export is a folder
-    transformers loads and generates from, token for token as esjax does with the run's θ."""
+    """ES with rank-1 members on every kernel of the 30 layers (the shipped SmolLM2 config, replies constrained):
+    θ moves, a run killed after its first checkpoint and resumed ends bit-identical (θ, records, traces), and the
+    export is a folder transformers loads and generates from, token for token as esjax does with the run's θ."""
     import torch
     import transformers
     from conftest import REPO, reward_by_trace, same_bits, theta_moved
