@@ -45,6 +45,7 @@ from experiments.lib.study import (
     PROTOCOL_POPULATION,
     RECORDS,
     REPRODUCIBILITY,
+    RERUNS,
     STUDY_COMMIT,
     Power,
     expected_seeds,
@@ -294,7 +295,12 @@ def _reproducibility() -> list[str]:
         return ["Not run yet: it follows the last run of the study (seeds 100–103 of sync and async-G4 re-run at the "
                 "final commit, compared with their committed records)."]
     result = json.loads(REPRODUCIBILITY.read_text())
-    return [f"- {line}" for line in result.get("lines", [])] or ["(empty result file)"]
+    lines = [f"- {line}" for line in result.get("lines", [])] or ["(empty result file)"]
+    if any((RERUNS / DATA).glob("*/seed*/summary.md")):
+        lines += ["", f"The re-runs' records are committed under `{RERUNS.relative_to(REPO)}/`; "
+                      "`python -m experiments.study_reproduce --check` diffs them with the originals (metrics "
+                      "without timing fields, evaluation traces byte for byte) and runs nothing."]
+    return lines
 
 
 def _measured_cells(grid: dict[str, list[dict]], seeds: list[int]) -> set[str]:

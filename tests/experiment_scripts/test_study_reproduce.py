@@ -59,3 +59,17 @@ def test_parts_from_separate_processes_merge_into_one_result_from_one_commit(tmp
                                *parts["a"]["lines"][1:], *parts["b"]["lines"][1:]]
     with pytest.raises(SystemExit, match="different commits"):
         study_reproduce.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "c.json"), "--out", str(out)])
+
+
+def test_the_committed_reruns_are_what_the_committed_result_says_and_identical():
+    """Issue 57: the protocol's eight re-runs (seeds 100–103 of sync and async-G4) are committed with their records;
+    the one-command check (``--check``) diffs them with the study's originals, runs nothing, and gives the
+    committed reproducibility.json."""
+    from experiments.lib.study import REPRODUCIBILITY
+
+    result = study_reproduce.check()
+    assert result == json.loads(REPRODUCIBILITY.read_text())
+    runs = result["lines"][1:]
+    assert sorted(line.split(":")[0] for line in runs) == sorted(
+        f"{cell} seed {seed}" for cell in ("sync", "async-G4") for seed in range(100, 104))
+    assert all(line.endswith(": " + study_reproduce.IDENTICAL) for line in runs)
