@@ -9,7 +9,7 @@ decode steps from the prompt's KV cache.
   then ``decode`` calls of 1 and of 4 steps each (the generate config's ``decode_steps``), plain and with every
   row its own rank-1 ES member inside the matmuls (what an ES run decodes).
 - **transformers**: ``AutoModelForCausalLM`` on PyTorch (CPU, as many threads as cores): one forward of the batch
-  with ``use_cache=True``, then one forward per token with ``past_key_values``, under ``torch.inference_mode``.
+  with ``use_cache=True``, then one forward per token with the returned cache, under ``torch.inference_mode``.
 
 Modes are timed in interleaved rounds (order rotated, compile and warm-up excluded); each figure is the median over
 rounds and each ratio the median of per-round ratios, so load from other processes partly cancels. Time it alone.
@@ -89,6 +89,7 @@ class TransformersSide:
         self.cache_arg = "cache" if "cache" in forward else "past_key_values"  # renamed in transformers 5.x
 
     def run(self, steps: int = 1) -> tuple[float, float]:
+        """(prefill seconds, decode seconds) of one pass; one token per forward (``steps`` is esjax's)."""
         torch = self.torch
         with torch.inference_mode():
             start = time.perf_counter()
@@ -104,36 +105,34 @@ class TransformersSide:
 
 def _cache(out):
     """The KV cache a forward returned (``cache`` in newer transformers, ``past_key_values`` before)."""
-    return getattr(out, "cache", None) or out.past_key_values
+    return out.cache if hasattr(out, "cache") else out.past_key_values
 
 
 def measure(sides: dict, rows: int, prompt: int, tokens: int, rounds: int) -> dict:
-    """Median tokens/s per mode over interleaved rounds, and the per-round ratios against transformers."""
-    modes = {"transformers": lambda: sides["transformers"].run(),
-             "esjax (1 step/call)": lambda: sides["esjax"].run(1),
-             "esjax (4 steps/call)": lambda: sides["esjax"].run(4),
-             "esjax rank-1 members (4 steps/call)": lambda: sides["esjax members"].run(4)}
-    for run in modes.values():  # compile, warm caches
-        run()
+    """Per mode, the median tokens/s over interleaved rounds and the median of its per-round ratios against
+    transformers, for prefill and for decode."""
+    modes = {"transformers": (sides["transformers"], 1), "esjax (1 step/call)": (sides["esjax"], 1),
+             "esjax (4 steps/call)": (sides["esjax"], 4),
+             "esjax rank-1 members (4 steps/call)": (sides["esjax members"], 4)}
+    for side, steps in modes.values():  # compile, warm caches
+        side.run(steps)
     per_round: dict[str, list[tuple[float, float]]] = {name: [] for name in modes}
     names = list(modes)
     for i in range(rounds):
         for name in names[i % len(names):] + names[:i % len(names)]:
-            per_round[name].append(modes[name]())
+            side, steps = modes[name]
+            per_round[name].append(side.run(steps))
     out = {}
     for name, runs in per_round.items():
-        prefill = [rows * prompt / p for p, _ in runs]
-        decode = [rows * (tokens // (4 if "4 steps" in name else 1)) * (4 if "4 steps" in name else 1) / d
-                  for _, d in runs]
-        out[name] = {"prefill_tokens_per_s": prefill, "decode_tokens_per_s": decode}
+        steps = modes[name][1]
+        decoded = rows * (tokens // steps) * steps  # tokens a pass decodes
+        out[name] = {"prefill_tokens_per_s": [rows * prompt / p for p, _ in runs],
+                     "decode_tokens_per_s": [decoded / d for _, d in runs]}
     ref = out["transformers"]
-    summary = {}
-    for name, figures in out.items():
-        summary[name] = {
-            kind: {"median": statistics.median(figures[kind]),
-                   "ratio_vs_transformers": statistics.median(a / b for a, b in zip(figures[kind], ref[kind]))}
-            for kind in ("prefill_tokens_per_s", "decode_tokens_per_s")}
-    return summary
+    return {name: {kind: {"median": statistics.median(figures[kind]),
+                          "ratio_vs_transformers": statistics.median(a / b for a, b in zip(figures[kind], ref[kind]))}
+                   for kind in ("prefill_tokens_per_s", "decode_tokens_per_s")}
+            for name, figures in out.items()}
 
 
 def main() -> None:
