@@ -158,7 +158,7 @@ def population_deviation(grid: dict[str, list[dict]], seeds: list[int], measured
                      f"cohort's {n} results can be one update late, not {g - 1} of {p0}")
             if cell.name in measured and rs:
                 late = {c for r in rs for c in r["cohort_stale"]}
-                share = sum(r["stale_fraction"] for r in rs) / len(rs)
+                share = _stale_share(rs)
                 text += (f"; the records show {_span(late)} late per cohort, a measured stale share of "
                          f"{share:.3f} (mean over the {len(rs)} seeds).")
             else:
@@ -170,7 +170,7 @@ def population_deviation(grid: dict[str, list[dict]], seeds: list[int], measured
                      f"({m / n:.1%}; the paper: {mp} of {PUBLISHED_POPULATION}), not the protocol's {m0} of {p0} "
                      f"({m0 / p0:.1%})")
             if cell.name in measured and rs:
-                share = sum(r["stale_fraction"] for r in rs) / len(rs)
+                share = _stale_share(rs)
                 firsts = [next((v for v, c in zip(r["update_versions"], r["cohort_stale"]) if c), None) for r in rs]
                 if all(f is None for f in firsts):
                     text += f"; the records show no late member in any cohort (measured share {share:.3f})."
@@ -224,9 +224,25 @@ def kept_share(cell_runs: list[dict], sync_runs: list[dict]) -> tuple[float, flo
     return fieller_ratio([g + d for g, d in pairs], [g for g, _ in pairs])
 
 
+def _family_runs(grid: dict[str, list[dict]], cells: tuple[str, ...], seeds: list[int]) -> dict[str, list[dict]]:
+    """Sync's and the family's runs on the protocol's seeds only."""
+    return {name: [r for r in grid[name] if r["seed"] in seeds] for name in ("sync", *cells)}
+
+
+def _family_tests(subset: dict[str, list[dict]], margin: float) -> dict[str, dict[str, dict]]:
+    """Per endpoint, each cell's comparison with sync: TOST + Holm over the family's cells (``subset``)."""
+    return {key: compare_with_sync(subset, key, margin, ALPHA) for key in ENDPOINTS}
+
+
+def _stale_share(runs: list[dict]) -> float:
+    """A cell's measured stale share: the mean of its runs' shares of accepted fitness that was stale."""
+    return sum(r["stale_fraction"] for r in runs) / len(runs)
+
+
 def _family_section(grid: dict[str, list[dict]], cells: tuple[str, ...], seeds: list[int], margin: float) -> list[str]:
     """Verdicts of one complete family: TOST + Holm over its cells, per endpoint, on the protocol's seeds only."""
-    subset = {name: [r for r in grid[name] if r["seed"] in seeds] for name in ("sync", *cells)}
+    subset = _family_runs(grid, cells, seeds)
+    tests = _family_tests(subset, margin)
     sync_gain = mean_interval([r["final"] - r["initial"] for r in subset["sync"]])
     lines = [f"Sync gains {sync_gain[0]:+.2f} points (95% CI [{sync_gain[1]:+.2f}, {sync_gain[2]:+.2f}]) on the "
              f"final score over its {len(seeds)} seeds. The share of that gain a cell keeps is 1 + Δ / G on the "
@@ -235,10 +251,9 @@ def _family_section(grid: dict[str, list[dict]], cells: tuple[str, ...], seeds: 
              "| cell | endpoint | stale share | Δ vs sync (mean) | 95% CI | 90% CI | Holm TOST p | Holm p (Δ = 0) | "
              "share of sync's gain kept [95% Fieller CI] | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
     for key, label in ENDPOINTS.items():
-        tests = compare_with_sync(subset, key, margin, ALPHA)
         for name in cells:
-            t = tests[name]
-            stale = sum(r["stale_fraction"] for r in subset[name]) / len(subset[name])
+            t = tests[key][name]
+            stale = _stale_share(subset[name])
             retained = "—"
             if key == "final":
                 share, low, high = kept_share(subset[name], subset["sync"])
@@ -261,13 +276,12 @@ PAPER_TABLE = (("sync", "sync"), ("async-K1", "— (the paper's natural async ha
 def _paper_table(grid: dict[str, list[dict]], seeds: list[int], margin: float) -> list[str]:
     """All six cells in one table, as the paper lays them out: each cell's Δ with its 95% CI and its verdict from
     its own family's test (Holm within the family, as above), the published Δ of the same definition beside it."""
-    names = ("sync", *(name for cells in FAMILIES.values() for name in cells))
-    subset = {name: [r for r in grid[name] if r["seed"] in seeds] for name in names}
-    tests = {}
+    subset, tests = {}, {}
     for cells in FAMILIES.values():
-        family = {name: subset[name] for name in ("sync", *cells)}
-        for key in ENDPOINTS:
-            tests.update({(name, key): t for name, t in compare_with_sync(family, key, margin, ALPHA).items()})
+        family = _family_runs(grid, cells, seeds)
+        subset.update(family)
+        for key, by_cell in _family_tests(family, margin).items():
+            tests.update({(name, key): t for name, t in by_cell.items()})
     sync = subset["sync"]
     initial, final = (sum(r[k] for r in sync) / len(sync) for k in ("initial", "final"))
     lines = [f"Every cell on the same {len(seeds)} seeds; Δ = cell − sync, paired by seed, with its 95% CI; each "
@@ -277,7 +291,7 @@ def _paper_table(grid: dict[str, list[dict]], seeds: list[int], margin: float) -
              "| cell | stale share | Δ final | Δ AUC | verdict (final / AUC) | paper: Δ success vs sync |",
              "|---|---|---|---|---|---|"]
     for name, published in PAPER_TABLE:
-        stale = sum(r["stale_fraction"] for r in subset[name]) / len(subset[name])
+        stale = _stale_share(subset[name])
         paper = (f"{PUBLISHED[published]} % success (reference)" if name == "sync" else
                  f"{PUBLISHED[published] - PUBLISHED['sync']:+.1f}" if published in PUBLISHED else published)
         if name == "sync":

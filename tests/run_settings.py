@@ -73,3 +73,22 @@ def killed_after(source: Path, step: int, run_dir: Path) -> Path:
         if int(path.stem.removeprefix("eval-v")) not in finished:
             path.unlink()
     return run_dir
+
+
+def resumes_are_bit_identical(reference, records, tmp_path, steps: list[int] | None = None) -> None:
+    """The finished run ``reference``, killed after each of its checkpoints but the last (or after each of
+    ``steps``) and resumed, ends with the same θ, the same records (``records``: the reference's, untimed) and the
+    same trace files."""
+    from conftest import same_bits
+
+    from esjax.config import load_config
+    from esjax.rundir.metrics import untimed
+    from esjax.train.session import train
+
+    for step in checkpoint_steps(reference.run_dir)[:-1] if steps is None else steps:
+        run_dir = killed_after(reference.run_dir, step, tmp_path / f"from-{step}")
+        resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
+        assert same_bits(resumed.params, reference.params)
+        assert untimed(read_records(run_dir)) == records, f"records differ after resuming from {step}"
+        for path in sorted((reference.run_dir / "traces").iterdir()):
+            assert (run_dir / "traces" / path.name).read_bytes() == path.read_bytes(), (step, path.name)

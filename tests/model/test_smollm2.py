@@ -175,7 +175,7 @@ def test_es_on_the_real_model_moves_theta_resumes_bit_identically_and_exports(sm
     import torch
     import transformers
     from conftest import REPO, reward_by_trace, same_bits, theta_moved
-    from run_settings import killed_after, read_records
+    from run_settings import read_records, resumes_are_bit_identical
 
     from esjax.agent.batch_generate import generate
     from esjax.cli import export as export_cli
@@ -196,12 +196,7 @@ def test_es_on_the_real_model_moves_theta_resumes_bit_identically_and_exports(sm
     assert theta_moved(records) and reference.version == 2
     assert [r["version"] for r in records if r["kind"] == "eval"] == [0, 2]
 
-    run_dir = killed_after(reference.run_dir, 1, tmp_path / "resumed")
-    resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
-    assert same_bits(resumed.params, reference.params)
-    assert untimed(read_records(run_dir)) == records
-    for path in sorted((reference.run_dir / "traces").iterdir()):
-        assert (run_dir / "traces" / path.name).read_bytes() == path.read_bytes(), path.name
+    resumes_are_bit_identical(reference, records, tmp_path, [1])
 
     export_dir = tmp_path / "hf"
     assert export_cli.main(["--run-dir", str(reference.run_dir), "--out", str(export_dir)]) == 0

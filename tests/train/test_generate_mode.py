@@ -471,33 +471,13 @@ def test_stale_members_generate_with_their_own_versions_parameters(tmp_path, mon
     assert any(v < current for (v,), _, _, current in calls), "no stale row: nothing was checked"
 
 
-def resumes_are_bit_identical(reference, records, tmp_path, steps: list[int] | None = None) -> None:
-    """The finished run ``reference``, killed after each of its checkpoints but the last (or after each of
-    ``steps``) and resumed, ends with the same θ, the same records (``records``: the reference's, untimed) and the
-    same trace files."""
-    from conftest import same_bits
-    from run_settings import checkpoint_steps, killed_after, read_records
-
-    from esjax.config import load_config
-    from esjax.rundir.metrics import untimed
-    from esjax.train.session import train
-
-    for step in checkpoint_steps(reference.run_dir)[:-1] if steps is None else steps:
-        run_dir = killed_after(reference.run_dir, step, tmp_path / f"from-{step}")
-        resumed = train(load_config(run_dir / "config.yaml"), run_dir=run_dir, resume=True)
-        assert same_bits(resumed.params, reference.params)
-        assert untimed(read_records(run_dir)) == records, f"records differ after resuming from {step}"
-        for path in sorted((reference.run_dir / "traces").iterdir()):
-            assert (run_dir / "traces" / path.name).read_bytes() == path.read_bytes(), (step, path.name)
-
-
 @pytest.mark.parametrize("constrain", ["none", "all"])
 def test_resume_in_generate_mode_is_bit_identical(tmp_path, monkeypatch, constrain):
     """A run killed right after any checkpoint and resumed ends with the same θ, records and traces. Every
     checkpoint lands with turns in progress (partial replies), so the re-prefill path is exercised (with
     ``constrain: all``, also the re-derivation of which choices a partial reply still matches)."""
     from conftest import reward_by_trace, theta_moved
-    from run_settings import checkpoint_steps, read_records
+    from run_settings import checkpoint_steps, read_records, resumes_are_bit_identical
 
     from esjax.config import load_config
     from esjax.loop.generate_rollout import GenerateEngine
@@ -530,7 +510,7 @@ def test_resume_of_generate_yaml_is_bit_identical_with_webshops_own_reward(tmp_p
     killed after a checkpoint and resumed still ends bit-identical (θ, records, traces). Resumes from every
     checkpoint are the free-reply test's (above); here from the middle one."""
     from conftest import theta_moved
-    from run_settings import read_records
+    from run_settings import read_records, resumes_are_bit_identical
 
     from esjax.config import load_config
     from esjax.rundir.metrics import untimed
