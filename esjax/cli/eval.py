@@ -4,8 +4,9 @@ A folder written by ``esjax.export`` carries the run's settings (``esjax.json``:
 prompt style, ...): ``--model`` uses them unless ``--config``, ``--data``, ``--split`` or ``--goals`` set a key
 (or ``--ignore-run-settings`` is given), and says which settings came from the file.
 
-``--json`` prints the score, success rate, their 95% intervals over goals and, per goal, its index, reward and
-success flag; ``--traces FILE`` writes each episode's trace (as a run's ``traces/eval-v<version>.jsonl``).
+``--json`` prints the score, success rate, their 95% intervals over goals, the seconds it took and, per goal, its
+index, reward and success flag (generate mode: also the invalid-action rate and the tokens an episode cost);
+``--traces FILE`` writes each episode's trace (as a run's ``traces/eval-v<version>.jsonl``).
 """
 
 from __future__ import annotations
@@ -164,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
     else:
         print(f"{what}: score {result['score']:.1f}, success rate {100 * result['success_rate']:.1f}% "
-              f"on {result['goals']} {which} goals ({task.data_name()})")
+              f"on {result['goals']} {which} goals ({task.data_name()}), {result['seconds']:.0f} s")
+        if "tokens_per_episode" in result:
+            tokens = result["tokens_per_episode"]
+            print(f"written actions: {100 * result['invalid_action_rate']:.1f}% invalid; per episode "
+                  f"{tokens['prompt']:.0f} prompt tokens prefilled, {tokens['generated']:.1f} generated")
     return 0
 
 

@@ -7,6 +7,7 @@ episodes interleaved with training rollouts instead (:mod:`esjax.train.interleav
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,8 +32,10 @@ def evaluate_policy(model_config: ModelConfig, params: Any, agent: ScoringAgent 
     ``make_pool(n)`` (a task's :meth:`esjax.task.Task.pool`; WebShop: ``functools.partial(InProcessEnvPool,
     shop)``). ``traces``: also each episode's trace line (:mod:`esjax.rundir.traces`) under ``"traces"``, in goal
     order. A generating agent writes its actions (generate mode, greedy, replies of up to ``max_new_tokens``
-    tokens). ``engine_cls``: the scoring agent's engine, a :class:`RolloutEngine` subclass to change how actions are
-    picked (experiments/headroom.py)."""
+    tokens); its result also has the invalid-action rate and the mean tokens an episode cost (``prompt``: those
+    prefilled, ``generated``: those kept in replies). ``seconds``: the evaluation's wall clock. ``engine_cls``:
+    the scoring agent's engine, a :class:`RolloutEngine` subclass to change how actions are picked
+    (experiments/headroom.py)."""
     pool = make_pool(max(1, min(batch, len(goals))))
     generating = isinstance(agent, GeneratingAgent)
     if generating:
@@ -46,14 +49,17 @@ def evaluate_policy(model_config: ModelConfig, params: Any, agent: ScoringAgent 
     recorder = TraceRecorder() if traces else None
     lines: list[dict[str, Any] | None] = [None] * len(goals)
     rewards = np.zeros(len(goals))
-    actions = invalid = 0
-    started = 0
+    actions = invalid = prompt_tokens = generated = 0
+    started, start = 0, time.perf_counter()
     while started < len(goals) or engine.live:
         while started < len(goals) and engine.free:
             engine.start("eval", owner=0, version=0, index=0, goal=goals[started], position=started, sampling_seed=0,
                          greedy=True)
             started += 1
-        finished, _ = engine.tick(lambda v: params)
+        finished, stats = engine.tick(lambda v: params)
+        if generating:  # a tick's tokens: the prompts it prefilled and the reply tokens it kept
+            prompt_tokens += stats.tokens - stats.generated
+            generated += stats.generated
         if recorder is not None:
             for episode in (*engine.live.values(), *finished):
                 recorder.observe(episode.position, episode)
@@ -68,9 +74,12 @@ def evaluate_policy(model_config: ModelConfig, params: Any, agent: ScoringAgent 
     out = {"score": float(100 * rewards.mean()) if len(goals) else 0.0,
            "success_rate": float(np.mean(won)) if len(goals) else 0.0,
            **eval_intervals(rewards.tolist(), is_success), "goals": len(goals),
-           "goal_indices": [int(g) for g in goals], "rewards": rewards.tolist(), "success": won}
-    if generating:  # written actions can be invalid (the env's no-op)
+           "goal_indices": [int(g) for g in goals], "rewards": rewards.tolist(), "success": won,
+           "seconds": time.perf_counter() - start}
+    if generating:  # written actions can be invalid (the env's no-op); what a written episode costs in tokens
         out["invalid_action_rate"] = invalid / actions if actions else 0.0
+        episodes = max(1, len(goals))
+        out["tokens_per_episode"] = {"prompt": prompt_tokens / episodes, "generated": generated / episodes}
     if recorder is not None:
         out["traces"] = lines
     return out

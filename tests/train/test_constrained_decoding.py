@@ -191,6 +191,8 @@ def test_the_shipped_policy_constrained_never_acts_off_the_page(shipped, constra
     assert res["invalid_action_rate"] == 0.0 and res["score"] > 0
     clicks = [a for line in res["traces"] for a, _ in line["actions"] if a.startswith("click[")]
     assert len(clicks) >= 2 * 8 and sum(line["end"] == "bought" for line in res["traces"]) >= 6
+    actions_per_episode = sum(len(line["actions"]) for line in res["traces"]) / 8
+    assert res["tokens_per_episode"]["generated"] >= actions_per_episode  # every reply is at least one token
     if constrain == "all":
         for line in res["traces"]:
             words = line["instruction"].split()

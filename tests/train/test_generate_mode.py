@@ -422,6 +422,9 @@ def test_greedy_evaluation_reports_the_invalid_action_rate(shop, hf_policy):
                           [1500, 1501], max_steps=2,
                           max_new_tokens=4)
     assert res["score"] == 0.0 and res["invalid_action_rate"] == 1.0  # the random model never writes an action
+    # each episode runs both turns and no reply holds an action, so a turn ends at max_new_tokens or an end token
+    tokens = res["tokens_per_episode"]
+    assert 2 <= tokens["generated"] <= 2 * 4 and tokens["prompt"] > 2 * tokens["generated"]
 
 
 # ------------------------------------------------------------------------------------------------ the trainer
