@@ -155,10 +155,8 @@ def _insert(cache, k_new, v_new, mask, rows, cur, first):
     index = cache["index"]
     length = mask.shape[1]
     slots = index - length + jnp.arange(length)
-    # the cache is [L, B, KV, S, D]: indexing rows and slots (apart) puts them first, so values come [n, P, L, KV, D]
-    put = lambda x, new: x.at[:, rows[:, None], :, slots[None, :]].set(
-        new.transpose(1, 3, 0, 2, 4).astype(x.dtype), mode="drop")
-    k, v = put(cache["k"], k_new), put(cache["v"], v_new)
+    k = cache["k"].at[:, rows[:, None], slots[None, :]].set(k_new.astype(cache["k"].dtype), mode="drop")
+    v = cache["v"].at[:, rows[:, None], slots[None, :]].set(v_new.astype(cache["v"].dtype), mode="drop")
     valid_rows = jnp.zeros((mask.shape[0], cache["valid"].shape[1]), bool).at[:, slots].set(mask)
     valid = cache["valid"].at[rows].set(valid_rows, mode="drop")
     return {"k": k, "v": v, "valid": valid, "index": index}, cur.at[rows].set(first, mode="drop")
@@ -178,7 +176,7 @@ def _shift(cache, shift):
     source = jnp.arange(length) + shift
     inside = (source >= 0) & (source < length)
     roll = lambda x, axis: jnp.roll(x, -shift, axis=axis)
-    return {"k": roll(cache["k"], 3), "v": roll(cache["v"], 3),
+    return {"k": roll(cache["k"], 2), "v": roll(cache["v"], 2),
             "valid": roll(cache["valid"], 1) & inside[None, :], "index": cache["index"] - shift}
 
 

@@ -7,11 +7,9 @@ dict (layout in ``esjax.model.params``). Layers are stacked ``[L, ...]`` and run
 over the layer axis together with the kernels.
 
 Padding and caching: ``mask [B, T]`` marks real tokens and ``positions [B, T]`` gives their RoPE
-positions, so left- and right-padded batches both work. A cache holds ``k, v [L, B, KV, S, D]``, the slot
+positions, so left- and right-padded batches both work. A cache holds ``k, v [L, B, S, KV, D]``, the slot
 validity ``valid [B, S]`` and the next write slot ``index`` (shared by all rows); a call writes its ``T``
-tokens at slots ``index .. index+T-1`` and each query sees the valid slots up to its own. Slots sit next to
-``head_dim`` because that is the layout attention's products read: with slots before the heads, XLA's CPU
-backend copied every layer's keys and values into it on every decode step.
+tokens at slots ``index .. index+T-1`` and each query sees the valid slots up to its own.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ Cache = dict[str, jax.Array]
 def init_cache(config: ModelConfig, batch: int, length: int, dtype: Any = None) -> Cache:
     """Empty KV cache for ``batch`` rows and ``length`` slots."""
     dtype = jnp.dtype(dtype or config.dtype)
-    shape = (config.num_layers, batch, config.num_kv_heads, length, config.head_dim)
+    shape = (config.num_layers, batch, length, config.num_kv_heads, config.head_dim)
     return {
         "k": constrain(jnp.zeros(shape, dtype), CACHE_AXES),
         "v": constrain(jnp.zeros(shape, dtype), CACHE_AXES),
@@ -66,13 +64,12 @@ def _layer(config: ModelConfig, sigma, x, lp, ln, cos, sin, q_slots, k_valid, vi
     v = v.reshape(B, T, config.num_kv_heads, config.head_dim)
     q = nn.apply_rope(q, cos, sin)
     k = nn.apply_rope(k, cos, sin)
-    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, KV, T, D]: the cache's layout
     if kv is None:
         keys, values = k, v
     else:
         k_all, v_all = kv
-        k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), (layer, 0, 0, index, 0))
-        v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), (layer, 0, 0, index, 0))
+        k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), (layer, 0, index, 0, 0))
+        v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), (layer, 0, index, 0, 0))
         kv = (k_all, v_all)
         keys = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False).astype(q.dtype)
         values = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False).astype(q.dtype)

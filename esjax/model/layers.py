@@ -211,20 +211,20 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_slots: jax.Array, k_va
               visible: jax.Array | None = None) -> jax.Array:
     """Grouped-query causal attention.
 
-    ``q [B, T, H, D]``; ``k, v [B, KV, S, D]`` (the cache's layout); ``q_slots [T]``: the cache slot of each
-    query (key slot ``j`` is visible to a query at slot ``i`` iff ``j <= i`` and ``k_valid[b, j]``, and
-    ``visible[b, i, j]`` when given: packed sequences use it to keep segments apart). Scores and softmax in
-    float32; fully masked (padding) queries get a uniform distribution instead of NaN.
+    ``q [B, T, H, D]``; ``k, v [B, S, KV, D]``; ``q_slots [T]``: the cache slot of each query (key slot
+    ``j`` is visible to a query at slot ``i`` iff ``j <= i`` and ``k_valid[b, j]``, and ``visible[b, i, j]``
+    when given: packed sequences use it to keep segments apart). Scores and softmax in float32; fully
+    masked (padding) queries get a uniform distribution instead of NaN.
     """
     B, T, H, D = q.shape
-    kv_heads = k.shape[1]
+    kv_heads = k.shape[2]
     qg = q.reshape(B, T, kv_heads, H // kv_heads, D)
-    scores = jnp.einsum("btkgd,bksd->bkgts", qg, k, preferred_element_type=jnp.float32) * (D ** -0.5)
-    causal = jnp.arange(k.shape[2])[None, :] <= q_slots[:, None]  # [T, S]
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * (D ** -0.5)
+    causal = jnp.arange(k.shape[1])[None, :] <= q_slots[:, None]  # [T, S]
     allowed = causal[None, None, None] & k_valid[:, None, None, None, :]
     if visible is not None:
         allowed = allowed & visible[:, None, None]
     scores = jnp.where(allowed, scores, _NEG)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
     return out.reshape(B, T, H * D)

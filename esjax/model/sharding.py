@@ -51,7 +51,7 @@ LOGICAL_RULES: tuple[tuple[str, str | None], ...] = (
 
 #: Logical axes of activations and the KV cache (used with ``constrain``).
 ACTIVATION_AXES = ("batch", "seq", "embed")
-CACHE_AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
+CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
 
 
 class MeshError(EsjaxError, ValueError):
