@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "config's)")
     parser.add_argument("--split", default=None, choices=["test", "eval", "train"], help="goal split")
     parser.add_argument("--goals", type=int, default=None, help="number of goals (default: the config's)")
+    parser.add_argument("--batch", type=int, default=256,
+                        help="most episodes played side by side (default 256); each is a row of the model's batch, "
+                             "so in generate mode a smaller batch bounds memory (100 SmolLM2 rows peaked at 19.9 GB)")
     parser.add_argument("--goal-set", default=None, choices=["templated", "human", "synthetic"],
                         help="WebShop's goal set (env.goals): templated = built from items_ins_v2, human = "
                              "items_human_ins.json, what published WebShop scores use ('synthetic': templated's "
@@ -100,6 +103,8 @@ def _settings_line(config: Any, base: dict[str, Any], user_set: dict[str, str], 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.batch < 1:
+        raise UserError(f"--batch {args.batch}: at least 1 episode must be played at a time")
     from esjax.config import key_paths, load_config, read_yaml
     from esjax.rundir.directory import resume_config
     from esjax.train.parts import build_agent, build_policy, held_out_goals, load_run, load_task, resolve_prompt_style
@@ -149,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     from esjax.train.standalone_eval import evaluate_policy
 
     agent = build_agent(config.agent, policy, config.model.source, task)
-    result = evaluate_policy(policy.config, params, agent, task.pool, goals, config.env.max_steps,
+    result = evaluate_policy(policy.config, params, agent, task.pool, goals, config.env.max_steps, batch=args.batch,
                              traces=bool(args.traces), max_new_tokens=config.agent.max_new_tokens,
                              is_success=task.is_success)
     traces = result.pop("traces", None)

@@ -63,6 +63,9 @@ def test_babyai_yaml_trains_through_esjax_run_and_its_export_scores_alike(babyai
     final = [json.loads(x) for x in (run_dir / "traces" / "eval-v2.jsonl").read_text().splitlines()]
     assert alone["goal_indices"] == [line["goal"] for line in final]
     assert alone["rewards"] == pytest.approx([line["reward"] for line in final])
+    # episodes played one at a time (--batch 1) score the same, goal for goal
+    assert eval_main(["--model", str(tmp_path / "hf"), "--json", "--batch", "1"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rewards"] == pytest.approx(alone["rewards"])
     # BabyAI's success is any positive reward (minigrid's shrinks with the steps taken; WebShop's rule, reward 1.0,
     # would count none): the run's records and the standalone evaluation agree on it
     for record, rewards in ((evals[0], [line["reward"] for line in lines]), (evals[-1], alone["rewards"])):
