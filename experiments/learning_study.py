@@ -1,9 +1,10 @@
 """The learning study: which ES settings move the shipped policy on real WebShop, chosen on the eval split.
 
-Each named setting is a list of config overrides on top of ``configs/default.yaml``; every (setting, seed) is one
+Each named setting is a list of config overrides on top of ``configs/hasty.yaml`` (the main job the settings were
+written against, before issue 54 moved configs/default.yaml to the strong policy); every (setting, seed) is one
 trainer run, greedy-evaluated on WebShop's **eval** split (goals 500–1,499 after the seed-233 shuffle; the
 first ``env.eval_goals`` of them) before and after training. The 500 test goals are never touched here: they
-score only the setting this study freezes (``configs/default.yaml``, run with seeds 0–7).
+score only a setting a study freezes (into ``configs/default.yaml``, run with seeds 0–7).
 
 Runs go in ``OUT/<setting>/seed<s>/``. A finished run keeps its records (``config.yaml``, ``run.json``,
 ``metrics.jsonl``, ``summary.md``, ``behaviour.json``: what the greedy agent did before and after, measured from
@@ -34,7 +35,7 @@ from experiments.lib import REPO, RESULTS
 from experiments.lib.records import compact_run
 
 DEFAULT_OUT = RESULTS / "learning"
-BASE = REPO / "configs" / "default.yaml"
+BASE = REPO / "configs" / "hasty.yaml"
 #: Settings named ``gen-...`` tune generate mode (issue 36): overrides on top of this config instead.
 GENERATE_BASE = REPO / "configs" / "generate.yaml"
 #: Settings named ``babyai-...`` choose the BabyAI setting (issue 55, item 4): overrides on top of this config.
@@ -61,7 +62,7 @@ NORMS = ["es.scope=all", "es.include=['norm/scale$']", "es.exclude=[]"]
 KERNELS = ["es.scope=matrices", "es.include=['/kernel$']", "es.exclude=[]"]
 EVERY_MATRIX = ["es.scope=matrices", "es.include=[]", "es.exclude=[]"]
 
-#: name -> (what it tests, overrides). ``updates`` defaults to configs/default.yaml's 30.
+#: name -> (what it tests, overrides). ``updates`` defaults to configs/hasty.yaml's 30.
 SETTINGS: dict[str, tuple[str, list[str]]] = {
     "norms": ("configs/default.yaml as shipped (norm scales, σ 0.2, lr 0.25, N 16, 16 goals, 30 updates)", NORMS),
     "norms-N32": ("N = 32 (16 antithetic pairs), 32 slots", [*NORMS, "es.population=32", "schedule.slots=32"]),
@@ -110,9 +111,10 @@ SETTINGS: dict[str, tuple[str, list[str]]] = {
     "kernels-r1-s0.003": ("every kernel, low-rank r = 1, σ 0.003, lr 0.0005",
                           [*KERNELS, "es.rank=1", "es.sigma=0.003", "es.learning_rate=0.0005"]),
     # Issue 54: weight-matrix ES from the strong policy (run with --policy experiments/results/learning-v2/policies/
-    # strong --out experiments/results/past-teacher/study); "main" is configs/default.yaml as shipped (every kernel,
+    # strong --out experiments/results/past-teacher/study); "main" is configs/hasty.yaml's setting (every kernel,
     # rank 1, σ 0.05, lr 0.02, N 32, 16 goals per member, 30 updates, natural async K = 1, sampled rows T 0.5).
-    "main": ("configs/default.yaml as shipped (kernels r 1, σ 0.05, lr 0.02, N 32, 16 goals, 30 updates)", []),
+    "main": ("issue 31's main job, configs/hasty.yaml (kernels r 1, σ 0.05, lr 0.02, N 32, 16 goals, 30 updates)",
+             []),
     "main-lr0.01": ("half the step: lr 0.01", ["es.learning_rate=0.01"]),
     "main-lr0.005": ("a quarter of the step: lr 0.005", ["es.learning_rate=0.005"]),
     "main-s0.02-lr0.004": ("small σ 0.02, lr 0.004 (lr / σ as lr 0.01 at σ 0.05)",

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
                         help="budget and environment pins (PRESETS): full (default), quick, or real (the paper "
-                             "cells on real WebShop, configs/default.yaml, 15-step episodes)")
+                             "cells on real WebShop, configs/hasty.yaml, 15-step episodes)")
     parser.add_argument("--quick", action="store_true", help="the small budget (same as --preset quick)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help="runs root (default experiments/results/study/, committed)")
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the grid as this many shard processes side by side (one per core)")
     parser.add_argument("--data", choices=sorted(DATASETS), default=None,
                         help="synthetic (default): the built-in shop (configs/synthetic.yaml); webshop_small: "
-                             "WebShop's real 1,000-product set (configs/default.yaml); --preset real implies it")
+                             "WebShop's real 1,000-product set (configs/hasty.yaml); --preset real implies it")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="extra config override for every run (applied last), e.g. model.source=random")
     parser.add_argument("--list", action="store_true", help="print this shard's runs and their state, then exit")

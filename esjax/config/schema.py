@@ -112,10 +112,11 @@ class ModelSection(_Section):
     """Which policy: the embedded default, a tiny random one (tests), or an HF folder."""
 
     source: Literal["embedded", "hf", "random"] = "embedded"
-    embedded: Literal["default", "generate", "generate-hasty", "babyai"] = Field(
-        "default", description="source=embedded: the shipped policy that scores candidates (default), the one "
-                               "that writes its actions (generate), that one with a habit of buying without "
-                               "options (generate-hasty), or the one that scores BabyAI's actions (babyai)")
+    embedded: Literal["default", "hasty", "generate", "generate-hasty", "babyai"] = Field(
+        "default", description="source=embedded: the shipped policy that scores candidates (default), a recipe of "
+                               "it cloned to rarely click options (hasty: configs/hasty.yaml), the one that writes "
+                               "its actions (generate), that one with a habit of buying without options "
+                               "(generate-hasty), or the one that scores BabyAI's actions (babyai)")
     path: str | None = Field(None, description="HF folder (config.json, model.safetensors, tokenizer.json)")
     dtype: Literal["float32", "bfloat16"] = "float32"
     random_config: dict[str, Any] | None = Field(None, description="HF-style config for source=random")

@@ -7,7 +7,7 @@ import functools
 
 import pytest
 
-from esjax.agent.policy import EMBEDDED_POLICY_DIR, load_policy
+from esjax.agent.policy import EMBEDDED_POLICIES, EMBEDDED_POLICY_DIR, load_policy
 from experiments import pretrain_default_policy as script
 from experiments.lib import pretrain
 
@@ -23,6 +23,16 @@ def test_embedded_policy_is_a_small_hf_folder():
 
     template = load_chat_template(EMBEDDED_POLICY_DIR)
     assert template and "<|user|>" in render_chat(template, [{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("name, digest", [("hasty", "e3b6271afaf1c607")])
+def test_embedded_webshop_policies_are_the_weights_their_readmes_name(name, digest):
+    """The default is issue 31's "strong" recipe (35% hasty demonstrations, 75.6 on the test goals) and ``hasty`` the
+    handicapped one the main job fine-tuned until issue 54 (63.1): each folder holds the weights its README's
+    digest names, so a README cannot describe the other policy's numbers."""
+    policy = load_policy("embedded", embedded=name)
+    assert pretrain.params_digest(policy.params) == digest
+    assert f"`{digest}`" in (EMBEDDED_POLICIES[name] / "README.md").read_text()
 
 
 def test_embedded_policy_loads_through_hf_path_and_beats_the_first_hit_rule_on_real_goals():

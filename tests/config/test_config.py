@@ -123,6 +123,19 @@ def test_every_shipped_config_validates(path, tmp_path):
     assert config.run.updates >= 1
 
 
+def test_hasty_config_is_the_main_job_its_committed_seed_runs_recorded():
+    """configs/hasty.yaml pins the main job of 5-8 Dec 2026 (experiments/results/main-job/): the same ES, schedule,
+    shop, agent and budget as its seed runs' recorded config.yaml, on the policy that was embedded as the default
+    then and ships as ``hasty`` now -- so editing configs/default.yaml cannot change that result's recipe."""
+    recorded = load_config(REPO / "experiments" / "results" / "main-job" / "seed0" / "config.yaml")
+    hasty = load_config(REPO / "configs" / "hasty.yaml", ["run.seed=0"])
+    for section in ("es", "schedule", "env", "agent", "mesh"):
+        assert getattr(hasty, section) == getattr(recorded, section), section
+    assert (hasty.run.updates, hasty.run.eval_every) == (recorded.run.updates, recorded.run.eval_every)
+    assert (recorded.model.source, recorded.model.embedded) == ("embedded", "default")
+    assert (hasty.model.source, hasty.model.embedded) == ("embedded", "hasty")
+
+
 def test_extends_merges_and_detects_cycles(tmp_path):
     (tmp_path / "base.yaml").write_text("es: {sigma: 0.5, rank: 2}\nrun: {updates: 7}\n")
     (tmp_path / "child.yaml").write_text("extends: base.yaml\nes: {rank: 3}\n")

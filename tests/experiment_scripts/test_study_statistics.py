@@ -391,7 +391,7 @@ def test_real_preset():
     for item in ("env.data=webshop_small", "env.max_steps=15", "es.sigma=0.05", "es.population=32", "schedule.slots=32",
                  "run.eval_every=5"):
         assert item in over, item
-    # the real preset is configs/default.yaml's budget: its async-K1 cell resolves to the main job itself, evaluated
+    # the real preset is configs/hasty.yaml's budget: its async-K1 cell resolves to that main job itself, evaluated
     # every 5 updates (experiments/protocol.md) instead of 15
     from esjax.config import config_to_yaml, load_config
 
