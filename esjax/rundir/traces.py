@@ -15,9 +15,11 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 from typing import Any
+
+from esjax.rundir.stats import full_marks
 
 #: Longest observation snippet kept per step: enough to see which page an action led to and its head.
 SNIPPET_CHARS = 200
@@ -75,12 +77,14 @@ class TraceRecorder:
         self.observations.pop(key, None)
 
     def line(self, key: Hashable, episode: Any, reward: float, max_steps: int | None = None,
-             **extra: Any) -> dict[str, Any]:
-        """The trace line of a finished episode (its snippets are dropped from the recorder)."""
+             is_success: Callable[[float], bool] = full_marks, **extra: Any) -> dict[str, Any]:
+        """The trace line of a finished episode (its snippets are dropped from the recorder); ``success`` is the
+        task's rule (``Task.is_success``: BabyAI's won episodes score below 1.0)."""
         seen = self.observations.pop(key, [])
         info = episode.info or {}
         out: dict[str, Any] = {**extra, "goal": int(episode.goal), "instruction": episode.memory.instruction,
-                               "reward": float(reward), "success": float(reward) == 1.0, "steps": episode.steps,
+                               "reward": float(reward), "success": bool(is_success(float(reward))),
+                               "steps": episode.steps,
                                "end": _ending(episode, max_steps), "failure": episode.failure,
                                "actions": [[action, seen[i] if i < len(seen) else ""]
                                            for i, (_, action) in enumerate(episode.trace)]}

@@ -100,7 +100,7 @@ class Evaluations:
         if self.settings.traces:
             ev.traces[episode.position] = ev.recorder.line(
                 episode.position, episode, ev.rewards[episode.position], self.settings.max_steps,
-                version=ev.version, position=episode.position)
+                is_success=self.settings.is_success, version=ev.version, position=episode.position)
 
     def _maybe_finish(self, ev: EvalProgress) -> None:
         if ev.complete:

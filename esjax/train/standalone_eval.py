@@ -69,7 +69,7 @@ def evaluate_policy(model_config: ModelConfig, params: Any, agent: ScoringAgent 
             invalid += getattr(episode, "invalid_actions", 0)
             if recorder is not None:
                 lines[episode.position] = recorder.line(episode.position, episode, episode.reward, max_steps,
-                                                        position=episode.position)
+                                                        is_success=is_success, position=episode.position)
     won = [bool(is_success(r)) for r in rewards.tolist()]
     out = {"score": float(100 * rewards.mean()) if len(goals) else 0.0,
            "success_rate": float(np.mean(won)) if len(goals) else 0.0,

@@ -71,6 +71,7 @@ def test_babyai_yaml_trains_through_esjax_run_and_its_export_scores_alike(babyai
     for record, rewards in ((evals[0], [line["reward"] for line in lines]), (evals[-1], alone["rewards"])):
         assert record["success_rate"] == pytest.approx(sum(r > 0 for r in rewards) / len(rewards))
     assert alone["success"] == [r > 0 for r in alone["rewards"]] and alone["success_rate"] == evals[-1]["success_rate"]
+    assert [line["success"] for line in lines + final] == [line["reward"] > 0 for line in lines + final]  # traces too
     assert any(0 < r < 1 for r in alone["rewards"] + [line["reward"] for line in lines])  # won, not full marks
 
 
