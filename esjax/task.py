@@ -2,7 +2,7 @@
 pool can run it without knowing it.
 
 A task is a subclass of :class:`Task` in its own package (``envs/webshop_bridge/task.py`` is the reference;
-``envs/babyai_bridge`` is being plugged in the same way; a user's task lives wherever it is importable). A run's
+``envs/babyai_bridge`` is plugged in the same way; a user's task lives wherever it is importable). A run's
 config names it with ``env.task``: a registered name (:data:`TASKS`) or an entry-point-style dotted path
 ``package.module:Name``. The task declares its own ``env`` keys as a pydantic model (:attr:`Task.Options`); the
 config validates them beside the keys every task has (``tasks_per_member``, ``max_steps``, ``eval_goals``,
@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from esjax.errors import TaskError
+from esjax.rundir.stats import full_marks
 
 if TYPE_CHECKING:
     from esjax.agent.policy import LoadedPolicy
@@ -146,7 +147,7 @@ class Task:
     def is_success(reward: float) -> bool:
         """Whether an episode with ``reward`` was won (the success rate of evaluations). Default: the full reward,
         1.0, WebShop's rule; a task whose winning rewards vary (BabyAI's shrink with the steps taken) overrides it."""
-        return reward == 1.0  # the records' default too (esjax.rundir.stats.full_marks)
+        return full_marks(reward)
 
     def behaviour(self, lines: Iterable[dict[str, Any]]) -> dict[str, float | None]:
         """What a greedy agent did, from an evaluation's trace lines (:mod:`esjax.rundir.traces`): the measures
