@@ -89,6 +89,20 @@ def test_quick_pretraining_is_deterministic_and_loadable(tmp_path):
     assert scores.shape == (1, 6) and np.isfinite(scores).all()
 
 
+def test_pretraining_width_and_depth_flags_shape_the_model_and_its_command(tmp_path):
+    """--hidden, --layers and --mlp make another size of the same architecture, and the regenerate command the
+    README prints names them (only when changed, so the shipped policy's command stays as it was)."""
+    pytest.importorskip("minigrid")
+    from esjax.agent.policy import load_policy
+    from experiments import pretrain_babyai_policy as script
+
+    report = script.main(["--quick", "--hidden", "32", "--layers", "3", "--mlp", "96", "--out", str(tmp_path / "w")])
+    policy = load_policy("hf", report["args"]["out"])
+    assert (policy.config.hidden_size, policy.config.num_layers, policy.config.intermediate_size) == (32, 3, 96)
+    assert script.command_line(report["args"]).endswith(" --hidden 32 --layers 3 --mlp 96")
+    assert "--hidden" not in script.command_line({**report["args"], "hidden": 64, "layers": 2, "mlp": 192})
+
+
 def test_shipped_policy_loads_and_plays_valid_greedy_actions():
     """``model.embedded: babyai`` loads the shipped folder; its greedy actions on test instances (through the rollout
     engine) are all valid bridge actions."""
