@@ -18,11 +18,12 @@ from esjax.model.hf import load_pretrained, render_chat
 from esjax.model.params import init_params
 
 #: The policies shipped in the package, by ``model.embedded`` name: (asset folder, the ``experiments`` script that
-#: regenerates it). ``default`` scores WebShop's candidate actions (score mode), ``hasty`` is a handicapped recipe of
-#: it (taught to buy without options on 70% of its last stage's demonstrations: the main job before issue 54,
-#: configs/hasty.yaml), ``generate`` writes them (generate mode), ``generate-hasty`` is ``generate`` taught to buy
-#: without options on a third of its demonstrations (a habit for ES to unlearn: configs/generate.yaml), ``babyai``
-#: scores BabyAI's actions (envs/babyai_bridge/agent.py).
+#: regenerates it). ``default`` scores WebShop's candidate actions (score mode); ``hasty`` is a handicapped recipe of
+#: it (taught to buy without options on 70% of its last stage's demonstrations: issue 31's main job,
+#: configs/hasty.yaml; the same weights as ``default`` until issue 54 replaces the default); ``generate`` writes
+#: WebShop's actions (generate mode); ``generate-hasty`` is ``generate`` taught to buy without options on a third of
+#: its demonstrations (a habit for ES to unlearn: configs/generate.yaml); ``babyai`` scores BabyAI's actions
+#: (envs/babyai_bridge/agent.py).
 EMBEDDED_RECIPES = {"default": ("default_policy", "pretrain_default_policy"),
                     "hasty": ("hasty_policy", "pretrain_default_policy"),
                     "generate": ("generate_policy", "pretrain_generate_policy"),
