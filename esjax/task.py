@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from esjax.errors import TaskError
-from esjax.rundir.stats import full_marks
 
 if TYPE_CHECKING:
     from esjax.agent.policy import LoadedPolicy
@@ -147,7 +146,7 @@ class Task:
     def is_success(reward: float) -> bool:
         """Whether an episode with ``reward`` was won (the success rate of evaluations). Default: the full reward,
         1.0, WebShop's rule; a task whose winning rewards vary (BabyAI's shrink with the steps taken) overrides it."""
-        return full_marks(reward)
+        return reward == 1.0  # the records' default too (esjax.rundir.stats.full_marks, a layer above this one)
 
     def behaviour(self, lines: Iterable[dict[str, Any]]) -> dict[str, float | None]:
         """What a greedy agent did, from an evaluation's trace lines (:mod:`esjax.rundir.traces`): the measures
