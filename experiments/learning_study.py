@@ -1,7 +1,7 @@
 """The learning study: which ES settings move the shipped policy on real WebShop, chosen on the eval split.
 
-Each named setting is a list of config overrides on top of ``configs/hasty.yaml`` (the main job the settings were
-written against, before issue 54 moved configs/default.yaml to the strong policy); every (setting, seed) is one
+Each named setting is a list of config overrides on top of ``configs/hasty.yaml`` (issue 31's main job, pinned: the
+settings were written against it, and configs/default.yaml may move to another policy); every (setting, seed) is one
 trainer run, greedy-evaluated on WebShop's **eval** split (goals 500–1,499 after the seed-233 shuffle; the
 first ``env.eval_goals`` of them) before and after training. The 500 test goals are never touched here: they
 score only a setting a study freezes (into ``configs/default.yaml``, run with seeds 0–7).

@@ -52,13 +52,15 @@ MODEL = {
     "hidden_act": "silu", "bos_token_id": None, "eos_token_id": 1, "pad_token_id": 0, "torch_dtype": "float32",
 }
 
+#: The architecture flags and the :data:`MODEL` keys they set (their defaults are MODEL's own values).
+ARCH_FLAGS = {"hidden": "hidden_size", "layers": "num_hidden_layers", "mlp": "intermediate_size"}
 
 
-def model_of(hidden: int = 64, layers: int = 2, mlp: int = 192) -> dict:
+def model_of(**sizes: int) -> dict:
     """:data:`MODEL` at another width and depth (``--hidden``, ``--layers``, ``--mlp``): the 2-layer, hidden-64
     policy's action accuracy stops at 0.71 on demonstrations whose prompts are nearly all distinct, so capacity is
     the first suspect (experiments/results/babyai_policy.md)."""
-    return {**MODEL, "hidden_size": hidden, "num_hidden_layers": layers, "intermediate_size": mlp}
+    return {**MODEL, **{ARCH_FLAGS[flag]: value for flag, value in sizes.items()}}
 
 
 #: The agent's settings the policy is trained for (the prompt lists this many recent actions).
@@ -185,11 +187,8 @@ def command_line(a: dict) -> str:
     return (f"python -m experiments.pretrain_babyai_policy --seed {a['seed']} --demo-goals {a['demo_goals']} "
             f"--noise {a['noise']} --steps {a['steps']} --lr {a['lr']} --batch {a['batch']} "
             f"--eval-goals {a['eval_goals']}"
-            + "".join(f" --{key} {a[key]}" for key, default in ARCH_DEFAULTS.items() if a.get(key, default) != default))
-
-
-#: The architecture flags and their defaults (:func:`model_of`); a command line names them only when changed.
-ARCH_DEFAULTS = {"hidden": 64, "layers": 2, "mlp": 192}
+            + "".join(f" --{flag} {a[flag]}" for flag, key in ARCH_FLAGS.items()  # only the changed ones
+                      if a.get(flag, MODEL[key]) != MODEL[key]))
 
 
 def score_table(report: dict) -> list[str]:
@@ -229,7 +228,7 @@ def recipe_lines(report: dict) -> list[str]:
 
 def write_readme(out: Path, report: dict) -> None:
     a = report["args"]
-    model = model_of(**{key: a.get(key, default) for key, default in ARCH_DEFAULTS.items()})
+    model = model_of(**{flag: a[flag] for flag in ARCH_FLAGS if flag in a})
     lines = [
         "# The embedded BabyAI policy",
         "",
@@ -317,9 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-goals", type=int, default=200, help="test goals of the greedy evaluation")
     p.add_argument("--quick", action="store_true", help="a seconds-long run (tests): few goals and steps, no eval")
     p.add_argument("--log-every", type=int, default=100)
-    p.add_argument("--hidden", type=int, default=ARCH_DEFAULTS["hidden"], help="model width (hidden size)")
-    p.add_argument("--layers", type=int, default=ARCH_DEFAULTS["layers"], help="decoder layers")
-    p.add_argument("--mlp", type=int, default=ARCH_DEFAULTS["mlp"], help="MLP intermediate size")
+    p.add_argument("--hidden", type=int, default=MODEL["hidden_size"], help="model width (hidden size)")
+    p.add_argument("--layers", type=int, default=MODEL["num_hidden_layers"], help="decoder layers")
+    p.add_argument("--mlp", type=int, default=MODEL["intermediate_size"], help="MLP intermediate size")
     return p
 
 
@@ -346,7 +345,7 @@ def main(argv: list[str] | None = None) -> dict:
     data = encode_steps(agent, steps, group=prompt_group, candidate_round=2)
     print(f"{len(steps)} demonstration steps from {args.demo_goals} goals ({demos['successes']} bot successes); "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
-    model = model_of(args.hidden, args.layers, args.mlp)
+    model = model_of(**{flag: getattr(args, flag) for flag in ARCH_FLAGS})
     config = from_hf_dict(model, "MODEL")
     params = init_params(config, jax.random.key(args.seed))
     t_train = time.perf_counter()
